@@ -1,0 +1,44 @@
+# `make train` and `make test` each set everything up on first use.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+ARGS ?=
+
+.PHONY: install train eval test test-fast data lint format bench clean
+
+install: $(STAMP)
+
+$(STAMP): requirements.txt pyproject.toml scripts/ensure_ffmpeg.sh
+	./scripts/ensure_ffmpeg.sh
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install -r requirements.txt
+	$(PY) -m pip install --quiet --no-deps --no-build-isolation -e .
+	touch $@
+
+train: install
+	$(PY) train.py $(ARGS)
+
+eval: install
+	$(PY) eval.py $(ARGS)
+
+data: install
+	$(PY) -m loaderbench.synthetic
+
+test: install
+	$(PY) -m pytest $(ARGS)
+
+test-fast: install
+	$(PY) -m pytest -m "not slow" $(ARGS)
+
+lint: install
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+format: install
+	$(VENV)/bin/ruff check --fix .
+	$(VENV)/bin/ruff format .
+
+clean:
+	rm -rf outputs cache .pytest_cache

@@ -1,0 +1,44 @@
+"""Checkpoints: written atomically, loadable with ``torch.load(weights_only=True)``."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from loaderbench.locking import atomic_write
+
+FORMAT_VERSION = 1
+
+
+def rng_state() -> dict[str, Any]:
+    state: dict[str, Any] = {
+        "torch": torch.get_rng_state(),
+        "python": list(random.getstate()[1]),
+        "numpy": torch.from_numpy(np.random.get_state()[1].astype(np.int64)),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def save_checkpoint(path: str | Path, state: dict[str, Any]) -> None:
+    """Write ``state`` to ``path``: a reader sees the old file or the new one, never a part."""
+    payload = {"format_version": FORMAT_VERSION, **state}
+    atomic_write(path, lambda tmp: torch.save(payload, tmp))
+
+
+def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"checkpoint={str(path)!r} does not exist")
+    try:
+        state = torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as error:
+        raise ValueError(f"checkpoint {path} cannot be read: {error}") from error
+    if not isinstance(state, dict) or "model" not in state or "config" not in state:
+        raise ValueError(f"checkpoint {path} is not a loaderbench checkpoint")
+    return state

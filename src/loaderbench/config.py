@@ -1,0 +1,194 @@
+"""Structured-config schemas: every key a user can set, with its type.
+
+Each config group under ``conf/`` pulls in its schema from here through its defaults list
+(``defaults: [<group>_schema]``), so an override with a wrong type or an unknown key fails
+at composition time, with OmegaConf's message naming the key.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING
+
+
+@dataclass
+class SyntheticConfig:
+    """Parameters of the generated ImageNet-like set (used only when ``root`` is null)."""
+
+    num_classes: int = 10
+    train_per_class: int = 100
+    val_per_class: int = 30
+    seed: int = 0
+    jpeg_quality: int = 90
+
+
+@dataclass
+class DatasetConfig:
+    name: str = MISSING
+    # An ImageFolder tree with train/ and val/. Null means: generate the synthetic set.
+    root: str | None = None
+    # Where the synthetic set is generated (relative paths are relative to the project root).
+    generated_dir: str = "data"
+    synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
+    # Per-split text files of relative image paths (ImageNet style); see loaderbench.data.
+    train_list: str | None = None
+    val_list: str | None = None
+    # Use at most this many images a split (null: all). Handy for quick looks at big sets.
+    max_images: int | None = None
+    on_error: str = "skip"
+
+
+@dataclass
+class LoaderConfig:
+    name: str = MISSING
+    batch_size: int = 32
+    num_workers: int = 2
+    prefetch: int = 2
+    pin_memory: bool = True
+
+
+@dataclass
+class TorchvisionLoaderConfig(LoaderConfig):
+    persistent_workers: bool = True
+
+
+@dataclass
+class MemmapLoaderConfig(LoaderConfig):
+    # Where caches live (relative paths: relative to the project root).
+    cache_dir: str = "cache"
+    # Train images are stored with their short side at image_size * train_store_ratio,
+    # so that a random-resized crop can be taken from them at load time.
+    train_store_ratio: float = 1.25
+
+
+@dataclass
+class SpdlLoaderConfig(LoaderConfig):
+    # Which decoder the decode stage calls: ffmpeg (spdl.io), turbo (libjpeg-turbo through
+    # torchvision.io), nvjpeg (GPU).
+    decoder: str = "turbo"
+
+
+@dataclass
+class ModelConfig:
+    name: str = MISSING
+    pretrained: bool = False
+    channels_last: bool = False
+    compile: bool = False
+    compile_mode: str | None = None
+    drop_rate: float = 0.0
+    # Extra keyword arguments for timm.create_model.
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class DeviceConfig:
+    type: str = "auto"
+    index: int = 0
+
+
+@dataclass
+class PrecisionConfig:
+    name: str = "fp32"
+
+
+@dataclass
+class LoggerConfig:
+    name: str = "none"
+    project: str = "loaderbench"
+    entity: str | None = None
+    # null: read WANDB_MODE; offline when unset.
+    mode: str | None = None
+    tags: list[str] = field(default_factory=list)
+    init_timeout_s: float = 20.0
+
+
+@dataclass
+class OptimConfig:
+    name: str = "sgd"
+    lr: float = 0.2
+    momentum: float = 0.9
+    nesterov: bool = True
+    weight_decay: float = 5e-5
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+
+
+@dataclass
+class SchedulerConfig:
+    name: str = "cosine"
+    warmup_epochs: float = 1.0
+    min_lr_ratio: float = 0.0
+
+
+@dataclass
+class BenchConfig:
+    # images_per_s counts from this batch on: the first batches pay for start-up.
+    warmup_batches: int = 3
+    # Stop an epoch after this many batches (null: the whole epoch).
+    max_batches: int | None = None
+    # Passes over the data in a model=none run.
+    epochs: int = 1
+    # Wait for the device after each step, so compute and data time are not blurred.
+    sync_cuda: bool = True
+
+
+@dataclass
+class TrainLoopConfig:
+    label_smoothing: float = 0.1
+    grad_clip: float | None = None
+    resume: bool = False
+    log_every: int = 10
+
+
+@dataclass
+class RunConfig:
+    """The primary config of train.py and eval.py."""
+
+    task: str = MISSING
+    seed: int = 0
+    # null (eval.py): the checkpoint's own, or 64 without one.
+    image_size: int | None = 64
+    epochs: int = 1
+    checkpoint: str | None = None
+    dataset: Any = MISSING
+    loader: Any = MISSING
+    model: Any = MISSING
+    device: Any = MISSING
+    precision: Any = MISSING
+    logger: Any = MISSING
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    train: TrainLoopConfig = field(default_factory=TrainLoopConfig)
+    bench: BenchConfig = field(default_factory=BenchConfig)
+
+
+_SCHEMAS: dict[str, type] = {
+    "dataset": DatasetConfig,
+    "loader": LoaderConfig,
+    "model": ModelConfig,
+    "device": DeviceConfig,
+    "precision": PrecisionConfig,
+    "logger": LoggerConfig,
+}
+
+
+_LOADER_SCHEMAS: dict[str, type] = {
+    "torchvision": TorchvisionLoaderConfig,
+    "memmap": MemmapLoaderConfig,
+    "spdl": SpdlLoaderConfig,
+}
+
+
+def register_configs() -> None:
+    """Register the schemas with Hydra's ConfigStore (idempotent)."""
+    store = ConfigStore.instance()
+    store.store(name="run_schema", node=RunConfig)
+    for group, schema in _SCHEMAS.items():
+        store.store(group=group, name=f"{group}_schema", node=schema)
+    for name, schema in _LOADER_SCHEMAS.items():
+        store.store(group="loader", name=f"{name}_schema", node=schema)
+
+
+register_configs()

@@ -1,0 +1,136 @@
+"""The baseline: an ImageFolder-style dataset and torch's DataLoader with worker processes.
+
+Each worker opens, decodes (PIL) and transforms one image at a time, as torchvision's ImageNet
+references and the tensordict tutorial's "regular" loader do; batches are collated in the
+worker, pinned in the main process on CUDA and copied to the device without blocking.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator, Sequence
+
+import torch
+from torch.utils.data import DataLoader, Dataset, Sampler
+
+from loaderbench.data import Split
+from loaderbench.loaders.base import (
+    Batch,
+    Loader,
+    LoaderSpec,
+    epoch_permutation,
+    register_loader,
+    shard_indices,
+    to_device,
+)
+from loaderbench.transforms import load_rgb, pil_train_transform, pil_val_transform
+
+log = logging.getLogger(__name__)
+
+
+class ImageFileDataset(Dataset):
+    """Map-style dataset over a discovered split: (uint8 CHW image, label), or None if unreadable.
+
+    Equivalent to torchvision's ImageFolder with a PIL loader, but fed by the shared discovery
+    step so every loader sees the same files in the same order.
+    """
+
+    def __init__(self, split: Split, transform: Callable, skip_errors: bool) -> None:
+        self.split = split
+        self.transform = transform
+        self.skip_errors = skip_errors
+
+    def __len__(self) -> int:
+        return len(self.split)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int] | None:
+        path = self.split.paths[index]
+        try:
+            image = load_rgb(path)
+        except Exception as error:
+            if not self.skip_errors:
+                raise OSError(f"cannot read image {path}: {error}") from error
+            log.warning("skipping unreadable image %s: %s", path, error)
+            return None
+        return self.transform(image), self.split.labels[index]
+
+
+def collate_skipping(
+    items: Sequence[tuple[torch.Tensor, int] | None],
+) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """Stack the readable items; the count of unreadable ones travels with the batch."""
+    good = [item for item in items if item is not None]
+    if not good:
+        return torch.empty(0, dtype=torch.uint8), torch.empty(0, dtype=torch.int64), len(items)
+    images = torch.stack([image for image, _ in good])
+    labels = torch.tensor([label for _, label in good], dtype=torch.int64)
+    return images, labels, len(items) - len(good)
+
+
+class EpochSampler(Sampler[int]):
+    """The shared epoch order (same seed -> same permutation), this rank's share of it."""
+
+    def __init__(self, spec: LoaderSpec) -> None:
+        self.spec = spec
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def _indices(self) -> torch.Tensor:
+        spec = self.spec
+        order = epoch_permutation(len(spec.split), spec.seed, self.epoch, shuffle=spec.train)
+        return shard_indices(order, spec.batch_size, spec.drop_last, spec.rank, spec.world_size)
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._indices().tolist())
+
+    def __len__(self) -> int:
+        return len(self._indices())
+
+
+@register_loader("torchvision")
+class TorchvisionLoader(Loader):
+    def __init__(self, spec: LoaderSpec) -> None:
+        super().__init__(spec)
+        transform = (pil_train_transform if spec.train else pil_val_transform)(spec.image_size)
+        skip = spec.options.get("on_error", "skip") == "skip"
+        self.sampler = EpochSampler(spec)
+        workers = spec.num_workers
+        self.dataloader = DataLoader(
+            ImageFileDataset(spec.split, transform, skip_errors=skip),
+            batch_size=spec.batch_size,
+            sampler=self.sampler,
+            num_workers=workers,
+            collate_fn=collate_skipping,
+            pin_memory=spec.use_pinned_memory,
+            drop_last=False,  # the sampler already cut the epoch to whole batches
+            persistent_workers=workers > 0 and bool(spec.options.get("persistent_workers", True)),
+            prefetch_factor=spec.prefetch if workers > 0 else None,
+            generator=torch.Generator().manual_seed(spec.seed * 1_000 + spec.rank),
+        )
+        self.skipped_files = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        super().set_epoch(epoch)
+        self.sampler.set_epoch(epoch)
+
+    def __len__(self) -> int:
+        return len(self.dataloader)
+
+    def __iter__(self) -> Iterator[Batch]:
+        non_blocking = self.spec.use_pinned_memory
+        for images, labels, skipped in self.dataloader:
+            self.skipped_files += skipped
+            if len(labels):
+                yield to_device(Batch(images, labels), self.spec.device, non_blocking)
+
+    def stats(self) -> dict[str, int]:
+        return {"skipped_files": self.skipped_files}
+
+    def close(self) -> None:
+        # Persistent workers live as long as the iterator; dropping it shuts them down.
+        iterator = getattr(self.dataloader, "_iterator", None)
+        if iterator is not None and hasattr(iterator, "_shutdown_workers"):
+            iterator._shutdown_workers()
+        self.dataloader._iterator = None

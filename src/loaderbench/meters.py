@@ -1,0 +1,210 @@
+"""Honest meters: data time apart from compute time, and the cost of the whole process tree.
+
+``LoopMeter`` wraps the main loop's iteration over a loader. It records, per batch, how long the
+loop was blocked waiting for the batch and the whole interval until the next one was asked for,
+so that
+
+* ``images_per_s`` counts only batches after ``warmup_batches`` (start-up is reported apart, as
+  ``ttfb_s``);
+* ``data_wait_frac`` is the share of that steady-state wall time spent blocked on the loader.
+
+On CUDA the copies are asynchronous, so a batch "arrives" only once the device has it: the meter
+calls ``sync`` (``torch.cuda.synchronize``) inside the wait and after each step.
+
+``ProcessTreeMonitor`` samples this process and all its descendants (DataLoader workers, SPDL
+has none) for CPU time and resident memory; W&B's own service process is left out.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import psutil
+
+Sync = Callable[[], None]
+
+
+def _batch_size(batch: Any) -> int:
+    first = batch[0] if isinstance(batch, tuple | list) else batch
+    return int(first.shape[0])
+
+
+@dataclass
+class LoopMeter:
+    warmup_batches: int = 3
+    sync: Sync | None = None
+    clock: Callable[[], float] = time.perf_counter
+    waits: list[float] = field(default_factory=list)
+    intervals: list[float] = field(default_factory=list)
+    sizes: list[int] = field(default_factory=list)
+    ttfb_s: float | None = None
+
+    def iterate(self, loader: Iterable[Any], max_batches: int | None = None) -> Iterator[Any]:
+        """Yield the loader's batches, timing each; one call per epoch."""
+        clock, sync = self.clock, self.sync
+        epoch_start = clock()
+        iterator = iter(loader)
+        count = 0
+        while max_batches is None or count < max_batches:
+            start = clock()
+            try:
+                batch = next(iterator)
+            except StopIteration:
+                # The tail of an epoch (draining, worker shutdown) belongs to the last batch.
+                if self.intervals and count:
+                    self.intervals[-1] += clock() - start
+                break
+            if sync is not None:
+                sync()
+            arrived = clock()
+            if self.ttfb_s is None:
+                self.ttfb_s = arrived - epoch_start
+            self.waits.append(arrived - start)
+            self.sizes.append(_batch_size(batch))
+            count += 1
+            yield batch
+            if sync is not None:
+                sync()
+            self.intervals.append(clock() - start)
+        if isinstance(iterator, Iterator) and hasattr(iterator, "close"):
+            iterator.close()  # a generator cut short by max_batches releases its resources now
+
+    @property
+    def images(self) -> int:
+        return sum(self.sizes)
+
+    @property
+    def batches(self) -> int:
+        return len(self.intervals)
+
+    def summary(self) -> dict[str, float | int | None]:
+        n = len(self.intervals)
+        # Too few batches for the warm-up: measure what there is, rather than nothing.
+        skip = min(self.warmup_batches, max(n - 1, 0))
+        steady_time = sum(self.intervals[skip:])
+        steady_images = sum(self.sizes[skip:n])
+        steady_wait = sum(self.waits[skip:n])
+        return {
+            "images": self.images,
+            "batches": n,
+            "images_per_s": steady_images / steady_time if steady_time > 0 else None,
+            "ttfb_s": self.ttfb_s,
+            "data_wait_frac": steady_wait / steady_time if steady_time > 0 else None,
+            "loop_s": sum(self.intervals),
+            "measured_batches": n - skip,
+        }
+
+
+def _is_excluded(proc: psutil.Process) -> bool:
+    try:
+        name = proc.name()
+        cmdline = " ".join(proc.cmdline()[:2])
+    except (psutil.Error, OSError):
+        return True
+    return "wandb" in name or "wandb" in cmdline
+
+
+class ProcessTreeMonitor:
+    """CPU seconds and peak RSS of this process and its descendants, sampled in a thread.
+
+    CPU time of a worker that exits between two samples is counted up to its last sample
+    (``interval_s`` bounds the loss); ``snapshot()`` samples at once, so call it at the edges of
+    the window you measure.
+    """
+
+    def __init__(self, interval_s: float = 0.2) -> None:
+        self.interval_s = interval_s
+        self.root = psutil.Process(os.getpid())
+        self._cpu: dict[int, float] = {}
+        self._excluded: set[int] = set()
+        self.peak_rss_bytes = 0
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def sample(self) -> float:
+        """Sample the tree now; returns its total CPU seconds so far."""
+        with self._lock:
+            rss = 0
+            try:
+                children = self.root.children(recursive=True)
+            except psutil.Error:
+                children = []
+            for proc in [self.root, *children]:
+                if proc.pid in self._excluded:
+                    continue
+                if proc is not self.root and _is_excluded(proc):
+                    self._excluded.add(proc.pid)
+                    continue
+                try:
+                    with proc.oneshot():
+                        times = proc.cpu_times()
+                        rss += proc.memory_info().rss
+                except psutil.Error:
+                    continue
+                self._cpu[proc.pid] = times.user + times.system
+            self.peak_rss_bytes = max(self.peak_rss_bytes, rss)
+            return sum(self._cpu.values())
+
+    snapshot = sample
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self.sample()
+
+    def start(self) -> ProcessTreeMonitor:
+        self.sample()
+        self._thread = threading.Thread(target=self._run, name="process-tree-monitor", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        self.sample()
+
+    def __enter__(self) -> ProcessTreeMonitor:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+class CpuWindow:
+    """Sums the tree's CPU seconds over several windows (for example, the train epochs only)."""
+
+    def __init__(self, monitor: ProcessTreeMonitor) -> None:
+        self.monitor = monitor
+        self.cpu_s = 0.0
+        self._start: float | None = None
+
+    def __enter__(self) -> CpuWindow:
+        self._start = self.monitor.snapshot()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        assert self._start is not None
+        self.cpu_s += self.monitor.snapshot() - self._start
+        self._start = None
+
+
+class Average:
+    """A running mean (weighted by count)."""
+
+    def __init__(self) -> None:
+        self.total = 0.0
+        self.count = 0
+
+    def update(self, value: float, n: int = 1) -> None:
+        self.total += value * n
+        self.count += n
+
+    @property
+    def mean(self) -> float:
+        return self.total / self.count if self.count else float("nan")

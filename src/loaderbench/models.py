@@ -1,0 +1,85 @@
+"""Models: timm architectures by name, behind a wrapper whose first layer normalises uint8."""
+
+from __future__ import annotations
+
+import logging
+
+import timm
+import torch
+from omegaconf import DictConfig, OmegaConf
+from torch import nn
+
+from loaderbench.transforms import normalize_uint8
+
+log = logging.getLogger(__name__)
+
+NO_MODEL = "none"
+
+
+class ImageClassifier(nn.Module):
+    """uint8 NCHW images on the device -> logits.
+
+    Normalising here rather than in the loader keeps the loaders' output identical (uint8 at
+    a quarter of float32's bytes on the bus) and lets the normalisation fuse with the first
+    convolution under torch.compile.
+    """
+
+    def __init__(
+        self,
+        backbone: nn.Module,
+        mean: tuple[float, ...],
+        std: tuple[float, ...],
+        channels_last: bool = False,
+    ) -> None:
+        super().__init__()
+        self.backbone = backbone
+        self.channels_last = channels_last
+        self.register_buffer("mean", torch.tensor(mean, dtype=torch.float32), persistent=False)
+        self.register_buffer("std", torch.tensor(std, dtype=torch.float32), persistent=False)
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        x = normalize_uint8(images, self.mean, self.std)
+        if self.channels_last:
+            x = x.contiguous(memory_format=torch.channels_last)
+        return self.backbone(x)
+
+
+def create_backbone(cfg: DictConfig, num_classes: int) -> nn.Module:
+    kwargs = OmegaConf.to_container(cfg.kwargs, resolve=True) if cfg.get("kwargs") else {}
+    try:
+        return timm.create_model(
+            cfg.name,
+            pretrained=cfg.pretrained,
+            num_classes=num_classes,
+            drop_rate=cfg.drop_rate,
+            **kwargs,
+        )
+    except RuntimeError as error:
+        if "Unknown model" in str(error):
+            raise ValueError(
+                f"model.name={cfg.name!r} is not a timm architecture "
+                f"(see timm.list_models(); e.g. resnet18, resnet50, mobilenetv3_large_100)"
+            ) from error
+        raise
+
+
+def build_model(cfg: DictConfig, num_classes: int, device: torch.device) -> ImageClassifier | None:
+    """The configured model on ``device``, or None for ``model=none``."""
+    if cfg.name == NO_MODEL:
+        return None
+    backbone = create_backbone(cfg, num_classes)
+    data_cfg = timm.data.resolve_model_data_config(backbone)
+    model = ImageClassifier(backbone, data_cfg["mean"], data_cfg["std"], cfg.channels_last)
+    model.to(device)
+    if cfg.channels_last:
+        model.to(memory_format=torch.channels_last)
+    params = sum(p.numel() for p in model.parameters())
+    log.info("model %s: %.2fM parameters, %d classes", cfg.name, params / 1e6, num_classes)
+    return model
+
+
+def maybe_compile(model: nn.Module, cfg: DictConfig) -> nn.Module:
+    if not cfg.compile:
+        return model
+    log.info("compiling the model (mode=%s)", cfg.compile_mode)
+    return torch.compile(model, mode=cfg.compile_mode)

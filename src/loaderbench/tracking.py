@@ -1,0 +1,174 @@
+"""Run logging: W&B (offline unless told otherwise) or nothing.
+
+W&B must never cost a run: no prompt, no wait past ``logger.init_timeout_s``, and any failure
+turns into a warning and a run that goes on without it (metrics.json is written regardless).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import warnings
+from pathlib import Path
+from typing import Any, Protocol
+
+log = logging.getLogger(__name__)
+
+WANDB_MODES = ("online", "offline", "disabled")
+
+
+class RunLogger(Protocol):
+    def log(self, metrics: dict[str, Any], step: int | None = None) -> None: ...
+    def summary(self, metrics: dict[str, Any]) -> None: ...
+    def finish(self, exit_code: int = 0) -> None: ...
+
+
+class NullLogger:
+    def log(self, metrics: dict[str, Any], step: int | None = None) -> None:
+        pass
+
+    def summary(self, metrics: dict[str, Any]) -> None:
+        pass
+
+    def finish(self, exit_code: int = 0) -> None:
+        pass
+
+
+def _has_api_key() -> bool:
+    if os.environ.get("WANDB_API_KEY"):
+        return True
+    try:
+        import netrc
+
+        path = Path(os.environ.get("NETRC", Path.home() / ".netrc"))
+        hosts = netrc.netrc(path).hosts if path.is_file() else {}
+    except (OSError, netrc.NetrcParseError):
+        return False
+    return any("wandb" in host for host in hosts)
+
+
+def wandb_mode(configured: str | None) -> str:
+    """The mode to run in: the config, else WANDB_MODE, else offline; online needs a key."""
+    mode = configured or os.environ.get("WANDB_MODE") or "offline"
+    if mode == "dryrun":
+        mode = "offline"
+    if mode not in WANDB_MODES:
+        raise ValueError(f"logger.mode / WANDB_MODE={mode!r} is unknown; choose one of {WANDB_MODES}")
+    if mode == "online" and not _has_api_key():
+        warnings.warn(
+            "W&B: WANDB_MODE=online but no API key (WANDB_API_KEY or `wandb login`); "
+            "logging offline instead. Upload later with `wandb sync`.",
+            stacklevel=2,
+        )
+        mode = "offline"
+    return mode
+
+
+class WandbLogger:
+    """One W&B run per job, finished at the job's end."""
+
+    def __init__(self, run: Any) -> None:
+        self.run = run
+
+    @classmethod
+    def start(
+        cls,
+        *,
+        project: str,
+        entity: str | None,
+        mode: str | None,
+        run_dir: Path,
+        config: dict[str, Any],
+        job_type: str,
+        group: str | None,
+        name: str | None,
+        tags: list[str],
+        init_timeout_s: float,
+    ) -> RunLogger:
+        try:
+            import wandb
+        except ImportError:  # pragma: no cover - wandb is in requirements.txt
+            warnings.warn("W&B: wandb is not installed; not logging to W&B", stacklevel=2)
+            return NullLogger()
+        resolved_mode = wandb_mode(mode)
+        if resolved_mode == "disabled":
+            return NullLogger()
+        os.environ.setdefault("WANDB_SILENT", "true")
+        os.environ.setdefault("WANDB_CONSOLE", "off")
+        for attempt_mode in dict.fromkeys([resolved_mode, "offline"]):
+            try:
+                run = wandb.init(
+                    project=project,
+                    entity=entity,
+                    dir=str(run_dir),
+                    config=config,
+                    job_type=job_type,
+                    group=group,
+                    name=name,
+                    tags=tags or None,
+                    mode=attempt_mode,
+                    reinit="finish_previous",
+                    settings=wandb.Settings(
+                        init_timeout=init_timeout_s,
+                        silent=True,
+                        console="off",
+                        x_stats_track_process_tree=True,
+                    ),
+                )
+            except Exception as error:
+                warnings.warn(
+                    f"W&B: could not start a {attempt_mode} run ({type(error).__name__}: "
+                    f"{error}); trying offline" if attempt_mode != "offline" else
+                    f"W&B: could not start an offline run ({error}); not logging to W&B",
+                    stacklevel=2,
+                )
+                continue
+            log.info("W&B run %s (%s) in %s", run.id, attempt_mode, run.dir)
+            return cls(run)
+        return NullLogger()
+
+    def log(self, metrics: dict[str, Any], step: int | None = None) -> None:
+        try:
+            self.run.log(metrics, step=step)
+        except Exception as error:
+            log.warning("W&B: log failed: %s", error)
+
+    def summary(self, metrics: dict[str, Any]) -> None:
+        try:
+            for key, value in metrics.items():
+                self.run.summary[key] = value
+        except Exception as error:
+            log.warning("W&B: summary update failed: %s", error)
+
+    def finish(self, exit_code: int = 0) -> None:
+        try:
+            self.run.finish(exit_code=exit_code)
+        except Exception as error:
+            log.warning("W&B: finish failed: %s", error)
+
+
+def build_logger(
+    cfg: Any,
+    *,
+    run_dir: Path,
+    config: dict[str, Any],
+    job_type: str,
+    group: str | None,
+    name: str | None,
+) -> RunLogger:
+    if cfg.name == "none":
+        return NullLogger()
+    if cfg.name != "wandb":
+        raise ValueError(f"logger.name={cfg.name!r} is unknown; choose wandb or none")
+    return WandbLogger.start(
+        project=cfg.project,
+        entity=cfg.entity,
+        mode=cfg.mode,
+        run_dir=run_dir,
+        config=config,
+        job_type=job_type,
+        group=group,
+        name=name,
+        tags=list(cfg.tags),
+        init_timeout_s=cfg.init_timeout_s,
+    )

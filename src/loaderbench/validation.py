@@ -1,0 +1,54 @@
+"""Config checks that run before any heavy work, each naming the key and the allowed values.
+
+Composition already rejects wrong types and unknown keys given as ``key=value``; this also
+catches keys added with ``+key=value`` and values outside their allowed set or range.
+"""
+
+from __future__ import annotations
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from loaderbench.config import _LOADER_SCHEMAS, _SCHEMAS
+
+ON_ERROR = ("skip", "raise")
+
+
+class ConfigError(ValueError):
+    pass
+
+
+def _check_schema(node: DictConfig, schema: type, key: str) -> None:
+    try:
+        OmegaConf.merge(OmegaConf.structured(schema), node)
+    except OmegaConfBaseException as error:
+        message = str(error).splitlines()[0]
+        raise ConfigError(f"{key}: {message}") from None
+
+
+def validate_config(cfg: DictConfig) -> None:
+    from loaderbench.loaders import LOADER_MODULES
+
+    loader = cfg.loader.name
+    if loader not in LOADER_MODULES:
+        raise ConfigError(f"loader={loader!r} is unknown; choose one of {sorted(LOADER_MODULES)}")
+    _check_schema(cfg.loader, _LOADER_SCHEMAS[loader], "loader")
+    for group, schema in _SCHEMAS.items():
+        if group != "loader":
+            _check_schema(cfg[group], schema, group)
+    checks = [
+        (cfg.loader.batch_size >= 1, "loader.batch_size must be >= 1", cfg.loader.batch_size),
+        (cfg.loader.num_workers >= 0, "loader.num_workers must be >= 0", cfg.loader.num_workers),
+        (cfg.loader.prefetch >= 1, "loader.prefetch must be >= 1", cfg.loader.prefetch),
+        (cfg.image_size is None or cfg.image_size >= 8, "image_size must be >= 8", cfg.image_size),
+        (cfg.epochs >= 1, "epochs must be >= 1", cfg.epochs),
+        (cfg.bench.warmup_batches >= 0, "bench.warmup_batches must be >= 0",
+         cfg.bench.warmup_batches),
+        (cfg.bench.max_batches is None or cfg.bench.max_batches >= 1,
+         "bench.max_batches must be >= 1 or null", cfg.bench.max_batches),
+        (cfg.dataset.on_error in ON_ERROR, f"dataset.on_error must be one of {ON_ERROR}",
+         cfg.dataset.on_error),
+    ]
+    for ok, message, value in checks:
+        if not ok:
+            raise ConfigError(f"{message}, got {value!r}")

@@ -1,0 +1,20 @@
+"""Train a timm model with the chosen loader, then validate: ``python train.py [overrides]``.
+
+``model=none`` runs the training pipeline (with its random augmentation) alone: the loader
+benchmark. See README.md and conf/train.yaml.
+"""
+
+import hydra
+from omegaconf import DictConfig
+
+import loaderbench.config  # noqa: F401  (registers the config schemas)
+from loaderbench.app import train
+
+
+@hydra.main(config_path="conf", config_name="train", version_base="1.3")
+def main(cfg: DictConfig) -> float | None:
+    return train(cfg).get("top1")
+
+
+if __name__ == "__main__":
+    main()
