@@ -28,7 +28,7 @@ from PIL import Image
 
 from loaderbench.locking import FileLock
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 3
 
 # (width, height) and weights: ImageNet's most common sizes, both orientations.
 _SIZES = [(500, 375), (375, 500), (500, 333), (333, 500), (500, 400), (400, 500), (500, 500),
@@ -127,20 +127,20 @@ def _star(u, v, r, angle, rng):
 
 def _stripes(u, v, r, angle, rng):
     a, _ = _rotated(u, v, angle)
-    period = r * rng.uniform(0.22, 0.3)
+    period = r * rng.uniform(0.32, 0.42)
     return _disc(u, v, r) & (np.sin(2 * math.pi * a / period) > 0)
 
 
 def _checker(u, v, r, angle, rng):
     a, b = _rotated(u, v, angle)
-    period = r * rng.uniform(0.35, 0.45)
+    period = r * rng.uniform(0.5, 0.6)
     wave = np.sin(2 * math.pi * a / period) * np.sin(2 * math.pi * b / period)
     return (np.abs(a) <= r * 0.85) & (np.abs(b) <= r * 0.85) & (wave > 0)
 
 
 def _dots(u, v, r, angle, rng):
     a, b = _rotated(u, v, angle)
-    period = r * rng.uniform(0.35, 0.45)
+    period = r * rng.uniform(0.5, 0.6)
     ca = (a / period) - np.round(a / period)
     cb = (b / period) - np.round(b / period)
     return _disc(u, v, r) & (ca * ca + cb * cb <= 0.09)
@@ -170,26 +170,33 @@ def render_image(label: int, rng: np.random.Generator) -> np.ndarray:
     image = c0 + (c1 - c0) * t[..., None]
     low = rng.normal(0, 1, (height // 25 + 2, width // 25 + 2, 3)).astype(np.float32)
     low = np.asarray(
-        Image.fromarray(((low * 30) + 128).clip(0, 255).astype(np.uint8)).resize(
+        Image.fromarray(((low * 14) + 128).clip(0, 255).astype(np.uint8)).resize(
             (width, height), Image.BICUBIC
         ),
         dtype=np.float32,
     )
     image += low - 128
 
-    # Object: class shape, random size, place, rotation and colours (independent of the class).
+    # Objects: several instances of the class's shape or texture, each of random size, place
+    # and rotation, in random colours (independent of the class). Several instances keep the
+    # class visible in most random-resized crops, as objects in photographs usually are.
     short = min(width, height)
-    radius = rng.uniform(0.28, 0.42) * short
-    cx = rng.uniform(radius, width - radius)
-    cy = rng.uniform(radius, height - radius)
-    mask = _PAINTERS[label % len(_PAINTERS)](
-        xx - cx, yy - cy, radius, rng.uniform(0, 2 * math.pi), rng
-    )
-    colour = rng.uniform(0, 255, 3)
-    # Keep the object visible against the background under it.
-    if np.abs(colour - image[int(cy), int(cx)]).sum() < 150:
-        colour = 255 - colour
-    image[mask] = colour + rng.normal(0, 10, (int(mask.sum()), 3))
+    painter = _PAINTERS[label % len(_PAINTERS)]
+    for _ in range(int(rng.integers(3, 6))):
+        radius = rng.uniform(0.13, 0.24) * short
+        cx = rng.uniform(radius, width - radius)
+        cy = rng.uniform(radius, height - radius)
+        x0, x1 = int(cx - radius) - 1, int(cx + radius) + 2
+        y0, y1 = int(cy - radius) - 1, int(cy + radius) + 2
+        x0, y0 = max(x0, 0), max(y0, 0)
+        mask = painter(xx[y0:y1, x0:x1] - cx, yy[y0:y1, x0:x1] - cy, radius,
+                       rng.uniform(0, 2 * math.pi), rng)
+        colour = rng.uniform(0, 255, 3)
+        # Keep the object visible against the background under it.
+        if np.abs(colour - image[int(cy), int(cx)]).sum() < 150:
+            colour = 255 - colour
+        region = image[y0:y1, x0:x1]
+        region[mask] = colour + rng.normal(0, 10, (int(mask.sum()), 3))
 
     image += rng.normal(0, 9, image.shape)
     return image.clip(0, 255).astype(np.uint8)

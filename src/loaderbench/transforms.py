@@ -60,3 +60,85 @@ def pil_val_transform(size: int) -> v2.Compose:
 def normalize_uint8(images: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) -> torch.Tensor:
     """uint8 NCHW in [0, 255] -> float, normalised with per-channel mean/std given in [0, 1]."""
     return (images.float() - mean.view(1, -1, 1, 1) * 255) / (std.view(1, -1, 1, 1) * 255)
+
+
+# ---------------------------------------------------------------------------------------------
+# Batched random-resized crop: one box per image, sampled for the whole batch at once.
+
+
+def sample_rrc_boxes(
+    heights: torch.Tensor,
+    widths: torch.Tensor,
+    generator: torch.Generator,
+    scale: tuple[float, float] = RRC_SCALE,
+    ratio: tuple[float, float] = RRC_RATIO,
+    attempts: int = 10,
+) -> torch.Tensor:
+    """Boxes ``(top, left, height, width)`` (int64, N x 4), one per image of size (h, w).
+
+    The same distribution as torchvision's ``RandomResizedCrop.get_params`` (area fraction
+    uniform in ``scale``, log-aspect uniform in ``ratio``, up to ``attempts`` tries, then the
+    central crop clamped to ``ratio``), vectorised over the batch.
+    """
+    heights = heights.to(torch.float64)
+    widths = widths.to(torch.float64)
+    n = heights.shape[0]
+    area = (heights * widths)[:, None]
+    target_area = area * torch.empty(n, attempts, dtype=torch.float64).uniform_(
+        scale[0], scale[1], generator=generator
+    )
+    log_ratio = torch.empty(n, attempts, dtype=torch.float64).uniform_(
+        math.log(ratio[0]), math.log(ratio[1]), generator=generator
+    )
+    aspect = torch.exp(log_ratio)
+    w = torch.round(torch.sqrt(target_area * aspect))
+    h = torch.round(torch.sqrt(target_area / aspect))
+    ok = (w > 0) & (h > 0) & (w <= widths[:, None]) & (h <= heights[:, None])
+    first = torch.where(ok.any(dim=1), ok.to(torch.int8).argmax(dim=1), -1)
+
+    # Fallback: the whole image, cropped to the nearest allowed aspect ratio.
+    in_ratio = widths / heights
+    fb_w = torch.where(in_ratio < ratio[0], widths, torch.where(
+        in_ratio > ratio[1], torch.round(heights * ratio[1]), widths))
+    fb_h = torch.where(in_ratio < ratio[0], torch.round(widths / ratio[0]), heights)
+    rows = torch.arange(n)
+    pick = first.clamp(min=0)
+    box_w = torch.where(first >= 0, w[rows, pick], fb_w)
+    box_h = torch.where(first >= 0, h[rows, pick], fb_h)
+    u = torch.rand(n, 2, dtype=torch.float64, generator=generator)
+    top = torch.where(first >= 0, torch.floor(u[:, 0] * (heights - box_h + 1)),
+                      torch.floor((heights - box_h) / 2))
+    left = torch.where(first >= 0, torch.floor(u[:, 1] * (widths - box_w + 1)),
+                       torch.floor((widths - box_w) / 2))
+    return torch.stack([top, left, box_h, box_w], dim=1).to(torch.int64)
+
+
+def sample_flips(n: int, generator: torch.Generator, p: float = 0.5) -> torch.Tensor:
+    """Bool (N,): which images to flip horizontally."""
+    return torch.rand(n, generator=generator) < p
+
+
+def resized_crop_batch(
+    images: torch.Tensor, boxes: torch.Tensor, size: int, flips: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Crop a box from each image and resize it to ``size`` x ``size``: one call per batch.
+
+    ``images`` is uint8 or float NCHW on any device; ``boxes`` holds ``(top, left, h, w)`` in
+    pixels. Bilinear with area averaging when shrinking (``roi_align``'s adaptive sampling),
+    so a large box is anti-aliased as PIL's resize would be. Returns uint8 NCHW.
+    """
+    from torchvision.ops import roi_align
+
+    n = images.shape[0]
+    boxes = boxes.to(device=images.device, dtype=torch.float32)
+    top, left, h, w = boxes.unbind(dim=1)
+    rois = torch.stack(
+        [torch.arange(n, device=images.device, dtype=torch.float32), left, top, left + w, top + h],
+        dim=1,
+    )
+    out = roi_align(images.float(), rois, output_size=(size, size), spatial_scale=1.0,
+                    sampling_ratio=-1, aligned=True)
+    if flips is not None:
+        flips = flips.to(images.device)
+        out = torch.where(flips[:, None, None, None], out.flip(-1), out)
+    return out.round_().clamp_(0, 255).to(torch.uint8)

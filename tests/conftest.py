@@ -1,0 +1,71 @@
+"""Shared fixtures: small generated data sets on disk and real runs of the entry points."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from loaderbench.synthetic import SyntheticSpec, ensure_synthetic
+
+REPO = Path(__file__).resolve().parents[1]
+TINY = SyntheticSpec(num_classes=3, train_per_class=8, val_per_class=4, seed=0)
+
+
+@pytest.fixture(scope="session")
+def tiny_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A 3-class ImageFolder tree of real JPEGs: 24 train and 12 val images."""
+    return ensure_synthetic(TINY, tmp_path_factory.mktemp("data"))
+
+
+@pytest.fixture(scope="session")
+def small_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A 4-class tree big enough to learn from: 160 train and 40 val images."""
+    spec = SyntheticSpec(num_classes=4, train_per_class=40, val_per_class=10, seed=1)
+    return ensure_synthetic(spec, tmp_path_factory.mktemp("data"))
+
+
+def run_entry(
+    script: str,
+    *overrides: str,
+    cwd: Path,
+    env: dict[str, str] | None = None,
+    timeout: float = 600,
+    check: bool = True,
+) -> subprocess.CompletedProcess:
+    """Run train.py or eval.py for real, in a subprocess, with outputs under ``cwd``."""
+    full_env = {**os.environ, "WANDB_MODE": "offline", "PYTHONUNBUFFERED": "1"}
+    full_env.update(env or {})
+    proc = subprocess.run(
+        [sys.executable, str(REPO / script), *overrides],
+        cwd=cwd,
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    if check and proc.returncode != 0:
+        raise AssertionError(
+            f"{script} {' '.join(overrides)} exited {proc.returncode}\n"
+            f"--- stdout ---\n{proc.stdout[-4000:]}\n--- stderr ---\n{proc.stderr[-6000:]}"
+        )
+    return proc
+
+
+def run_dirs(cwd: Path, task: str) -> list[Path]:
+    """Run directories (those holding metrics.json) that a job left under cwd/outputs/<task>."""
+    return sorted(p.parent for p in (cwd / "outputs" / task).rglob("metrics.json"))
+
+
+def read_metrics(run_dir: Path) -> dict:
+    return json.loads((run_dir / "metrics.json").read_text())
+
+
+def single_run(cwd: Path, task: str) -> tuple[Path, dict]:
+    dirs = run_dirs(cwd, task)
+    assert len(dirs) == 1, f"expected one run directory, found {dirs}"
+    return dirs[0], read_metrics(dirs[0])
