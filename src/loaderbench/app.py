@@ -35,6 +35,7 @@ from loaderbench.runtime import (
     seed_everything,
     synchronizer,
 )
+from loaderbench.sweeps import job_name, swept_keys
 from loaderbench.tracking import RunLogger, build_logger
 from loaderbench.validation import validate_config
 
@@ -81,7 +82,8 @@ def sweep_identity() -> tuple[str | None, str | None]:
         return None, None
     sweep_dir = Path(hydra_cfg.sweep.dir)
     group = f"{hydra_cfg.job.name}-{sweep_dir.parent.name}_{sweep_dir.name}"
-    return group, hydra_cfg.job.override_dirname or f"job{hydra_cfg.job.num}"
+    name = job_name(list(hydra_cfg.overrides.task), swept_keys(sweep_dir))
+    return group, name or hydra_cfg.job.override_dirname or f"job{hydra_cfg.job.num}"
 
 
 def base_metrics(cfg: DictConfig, task: str, device: torch.device | None) -> dict[str, Any]:

@@ -59,9 +59,10 @@ class TorchvisionLoaderConfig(LoaderConfig):
 class MemmapLoaderConfig(LoaderConfig):
     # Where caches live (relative paths: relative to the project root).
     cache_dir: str = "cache"
-    # Train images are stored with their short side at image_size * train_store_ratio,
-    # so that a random-resized crop can be taken from them at load time.
-    train_store_ratio: float = 1.25
+    # Train images are stored whole, aspect kept, shrunk (never enlarged) so that their long side
+    # is at most round(image_size * train_store_ratio); the random-resized crop is taken from them
+    # at load time. 1.5: a 4:3 image keeps a short side of 1.125 x image_size.
+    train_store_ratio: float = 1.5
 
 
 @dataclass
@@ -69,6 +70,10 @@ class SpdlLoaderConfig(LoaderConfig):
     # Which decoder the decode stage calls: ffmpeg (spdl.io), turbo (libjpeg-turbo through
     # torchvision.io), nvjpeg (GPU).
     decoder: str = "turbo"
+    # A batch not ready within this many seconds raises TimeoutError (null: wait forever).
+    timeout_s: float | None = 600.0
+    # Also log SPDL's per-stage statistics every this many seconds (null: at each epoch's end).
+    stats_interval_s: float | None = None
 
 
 @dataclass

@@ -12,6 +12,7 @@ All outputs are uint8 CHW / NCHW; normalisation happens on the device, in the mo
 
 from __future__ import annotations
 
+import hashlib
 import math
 
 import torch
@@ -142,3 +143,57 @@ def resized_crop_batch(
         flips = flips.to(images.device)
         out = torch.where(flips[:, None, None, None], out.flip(-1), out)
     return out.round_().clamp_(0, 255).to(torch.uint8)
+
+
+def resized_crop_batch_uint8(
+    images: torch.Tensor,
+    boxes: torch.Tensor,
+    size: int,
+    flips: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``resized_crop_batch`` for uint8 images on the CPU, about 20x cheaper there.
+
+    roi_align has no uint8 kernel, so on the CPU it converts the whole batch to float and runs a
+    scalar loop; torch's antialiased bilinear uint8 kernel (vectorised, PIL's triangle filter)
+    does the same crop and resize straight from uint8, fastest on channels-last storage. It
+    takes one box at a time, so it is called once per image; each call releases the GIL, so
+    several threads can share the work. Returns uint8 NCHW in channels-last memory format
+    (writing NCHW-contiguous costs about 40% more), in ``out`` when given (N, C, size, size).
+    """
+    import torch.nn.functional as F
+
+    n, channels = images.shape[0], images.shape[1]
+    if out is None:
+        out = torch.empty((n, size, size, channels), dtype=torch.uint8).permute(0, 3, 1, 2)
+    flip_list = [False] * n if flips is None else flips.tolist()
+    for i, (top, left, h, w) in enumerate(boxes.tolist()):
+        crop = images[i : i + 1, :, top : top + h, left : left + w]
+        resized = F.interpolate(crop, size=(size, size), mode="bilinear", antialias=True)[0]
+        out[i].copy_(resized.flip(-1) if flip_list[i] else resized)
+    return out
+
+
+def crop_resize_flip_batch(
+    images: torch.Tensor, boxes: torch.Tensor, size: int, flips: torch.Tensor | None = None
+) -> torch.Tensor:
+    """The batched random-resized crop and flip with the fastest kernel for where images are.
+
+    uint8 on the CPU: ``resized_crop_batch_uint8``; anywhere else (a GPU, float images):
+    ``resized_crop_batch`` (one roi_align call). Both return uint8 NCHW ``size`` x ``size``;
+    they agree to within a few grey levels, not bit for bit.
+    """
+    if images.device.type == "cpu" and images.dtype == torch.uint8:
+        return resized_crop_batch_uint8(images, boxes, size, flips)
+    return resized_crop_batch(images, boxes, size, flips)
+
+
+def batch_generator(seed: int, epoch: int, rank: int, batch: int) -> torch.Generator:
+    """A CPU generator for one batch's random augmentation, from (seed, epoch, rank, batch).
+
+    Per batch rather than per loader, so that the boxes and flips do not depend on which thread
+    or process prepares a batch, or in which order: a run is reproducible from its seed.
+    """
+    key = f"{seed}/{epoch}/{rank}/{batch}".encode()
+    digest = hashlib.blake2b(key, digest_size=8).digest()
+    return torch.Generator().manual_seed(int.from_bytes(digest, "little") >> 1)

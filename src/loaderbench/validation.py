@@ -20,7 +20,7 @@ class ConfigError(ValueError):
 
 def _check_schema(node: DictConfig, schema: type, key: str) -> None:
     try:
-        OmegaConf.merge(OmegaConf.structured(schema), node)
+        OmegaConf.merge(OmegaConf.structured(schema), OmegaConf.to_container(node))
     except OmegaConfBaseException as error:
         message = str(error).splitlines()[0]
         raise ConfigError(f"{key}: {message}") from None

@@ -1,0 +1,477 @@
+"""Decode functions of the spdl loader, by name: ``ffmpeg``, ``turbo`` and ``nvjpeg``.
+
+SPDL's pipeline does not care which decoder a stage calls, as long as the call releases the GIL:
+each decode stage runs ``loader.num_workers`` calls at once in a thread pool, so the heavy parts
+(file read, entropy decoding, colour conversion, resizing) must run in C/C++ without the GIL.
+All three do (measured: a Python thread keeps running at full speed beside them):
+
+* ``ffmpeg``: ``spdl.io.demux_image`` + ``spdl.io.decode_packets`` with an FFmpeg filter graph
+  that does the whole geometry in one pass (crop, scale, flip, RGB conversion). FFmpeg's JPEG
+  decoder is slower than libjpeg-turbo and its chroma upsampling is not libjpeg's, so its
+  pixels differ slightly from PIL's (tests/test_spdl.py measures by how much).
+* ``turbo``: the file bytes read by the thread, decoded by libjpeg-turbo through
+  ``torchvision.io.decode_jpeg`` on the CPU, then cropped and resized as uint8 by
+  ``torch.nn.functional.interpolate(antialias=True)``: the same decoder and the same filter as
+  PIL's, so it matches the torchvision reference to +-1 grey level, and it is the fastest.
+* ``nvjpeg``: the threads only read the bytes; the GPU decodes the whole batch
+  (``torchvision.io.decode_jpeg(list, device="cuda")``) and crops and resizes it. It needs a
+  CUDA device and says so at once where there is none.
+
+Files that are not JPEG (a PNG named .JPEG, BMP, TIFF, ...) fall back to a generic decoder
+(``torchvision.io.decode_image``, then PIL), so they still load. A file nothing can decode
+becomes a ``Failure`` naming it; the loader skips or raises it (``dataset.on_error``).
+
+Geometry, the same for every decoder and equal to the torchvision reference:
+
+* val: resize the short side to ``val_resize_size(size)`` keeping the aspect ratio (the
+  rounding of torchvision's ``Resize``), then crop the centre ``size`` x ``size``. SPDL's
+  default ``scale_mode="pad"`` letterboxes instead, which is a different image.
+* train: the random-resized crop is done per image, in the decode stage: the box is sampled by
+  ``sample_rrc_boxes`` from the image's true size, cut from the full-resolution image and
+  resized once to ``size`` x ``size`` (then flipped with probability 1/2). Chosen over a
+  fixed-size decode followed by the batched ``resized_crop_batch`` because the image is decoded
+  in that stage anyway, so the crop costs nothing extra and the resize shrinks only the box,
+  not the whole image: one resize instead of two, no float round trip, and a small box is
+  taken from full-resolution pixels (as torchvision's RandomResizedCrop does) rather than
+  upsampled from an already shrunken image. Each image's box and flip come from its own
+  generator seeded by (seed, epoch, index), so a run is reproducible whatever the thread timing.
+"""
+
+from __future__ import annotations
+
+import abc
+import threading
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import ClassVar, NamedTuple
+
+import torch
+import torch.nn.functional as F
+
+from loaderbench.transforms import sample_flips, sample_rrc_boxes, val_resize_size
+
+# torchvision 0.29 deprecates its image codecs in favour of TorchCodec; they are still the
+# libjpeg-turbo and nvJPEG bindings we want, so keep the warning out of every decode.
+warnings.filterwarnings(
+    "ignore", message="The image decoding and encoding capabilities of TorchVision",
+    category=DeprecationWarning,
+)
+
+JPEG_MAGIC = b"\xff\xd8\xff"
+
+# FFmpeg's scaler: bilinear with area-aware shrinking like PIL's; full-resolution chroma and
+# accurate rounding bring its colours closest to libjpeg's (mean |diff| ~0.9 instead of ~1.3).
+FFMPEG_SCALE_FLAGS = "bilinear+accurate_rnd+full_chroma_int"
+# Fail on a damaged stream (truncated file) instead of returning a half-grey image; PIL and
+# libjpeg-turbo refuse those too.
+FFMPEG_DECODER_OPTIONS = {"err_detect": "explode"}
+
+
+# ---------------------------------------------------------------------------------------------
+# What flows through the pipeline.
+
+
+class Sample(NamedTuple):
+    """One image of an epoch, as the source emits it."""
+
+    index: int  # position in the split
+    path: str
+    label: int
+    seed: int  # this image's augmentation seed for this epoch (unused for val)
+
+
+class Decoded(NamedTuple):
+    """A uint8 CHW image at the output size (any memory layout)."""
+
+    image: torch.Tensor
+    label: int
+
+
+class Encoded(NamedTuple):
+    """File bytes read by a pool thread, to be decoded on the GPU (nvjpeg)."""
+
+    data: torch.Tensor  # uint8, the file's bytes
+    sample: Sample
+
+
+class Failure(NamedTuple):
+    """A file no decoder could read."""
+
+    path: str
+    error: str
+
+
+class DecodedBatch(NamedTuple):
+    """What a decode task hands on: a whole batch, ready for the device."""
+
+    images: torch.Tensor  # uint8 NCHW, contiguous; pinned for a CUDA run, or already on the GPU
+    labels: torch.Tensor  # int64 (N,), on the same device as images
+    failures: list[Failure]  # files of this batch no decoder could read, left out of it
+
+
+# ---------------------------------------------------------------------------------------------
+# Geometry: one plan per image, executed by each decoder its own way.
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Cut ``box`` (top, left, h, w) from the image, resize it to ``resize`` (h, w), then
+    cut ``crop`` (top, left, h, w) from the result (if any) and flip it (if ``flip``)."""
+
+    box: tuple[int, int, int, int]
+    resize: tuple[int, int]
+    crop: tuple[int, int, int, int] | None = None
+    flip: bool = False
+
+
+def val_plan(height: int, width: int, size: int) -> Plan:
+    """torchvision's ``Resize(val_resize_size(size))`` + ``CenterCrop(size)``, to the pixel."""
+    short = val_resize_size(size)
+    if width <= height:
+        new_w, new_h = short, int(short * height / width)
+    else:
+        new_w, new_h = int(short * width / height), short
+    # new_h, new_w >= short >= size, so the crop always fits (no padding case).
+    top = round((new_h - size) / 2.0)  # Python's round, as CenterCrop
+    left = round((new_w - size) / 2.0)
+    return Plan(box=(0, 0, height, width), resize=(new_h, new_w), crop=(top, left, size, size))
+
+
+def train_plan(height: int, width: int, size: int, seed: int) -> Plan:
+    """A random-resized crop box and flip from the shared sampler, seeded per image."""
+    generator = torch.Generator().manual_seed(seed)
+    box = sample_rrc_boxes(torch.tensor([height]), torch.tensor([width]), generator)[0]
+    flip = bool(sample_flips(1, generator)[0])
+    top, left, h, w = (int(v) for v in box.tolist())
+    return Plan(box=(top, left, h, w), resize=(size, size), flip=flip)
+
+
+@dataclass(frozen=True)
+class Geometry:
+    size: int
+    train: bool
+
+    def plan(self, height: int, width: int, seed: int) -> Plan:
+        if self.train:
+            return train_plan(height, width, self.size, seed)
+        return val_plan(height, width, self.size)
+
+
+def image_seed(seed: int, epoch: int, index: int) -> int:
+    """A distinct, reproducible generator seed per (run seed, epoch, image)."""
+    return ((seed * 1_000_003 + epoch) * 1_000_000_007 + index) % (2**63 - 1)
+
+
+def resize_uint8(image: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
+    """Bilinear, antialiased when shrinking (PIL's filter), uint8 CHW in and out.
+
+    On the CPU torch has a fast uint8 path; on the GPU it goes through float.
+    """
+    if tuple(image.shape[-2:]) == size:
+        return image
+    if image.device.type == "cpu":
+        return F.interpolate(image[None], size=size, mode="bilinear", antialias=True,
+                             align_corners=False)[0]
+    out = F.interpolate(image[None].float(), size=size, mode="bilinear", antialias=True,
+                        align_corners=False)[0]
+    return out.round_().clamp_(0, 255).to(torch.uint8)
+
+
+def apply_plan(image: torch.Tensor, plan: Plan) -> torch.Tensor:
+    """Execute a plan on a uint8 CHW tensor (CPU or GPU); returns a view where it can."""
+    top, left, h, w = plan.box
+    out = resize_uint8(image[:, top : top + h, left : left + w], plan.resize)
+    if plan.crop is not None:
+        top, left, h, w = plan.crop
+        out = out[:, top : top + h, left : left + w]
+    if plan.flip:
+        out = out.flip(-1)
+    return out
+
+
+def ffmpeg_filter(plan: Plan, height: int, width: int) -> str:
+    """The same plan as an FFmpeg filter graph, ending in packed RGB."""
+    parts = []
+    top, left, h, w = plan.box
+    if (h, w) != (height, width):
+        parts.append(f"crop=w={w}:h={h}:x={left}:y={top}:exact=1")
+    if (h, w) != plan.resize:
+        new_h, new_w = plan.resize
+        parts.append(f"scale=w={new_w}:h={new_h}:flags={FFMPEG_SCALE_FLAGS}")
+    if plan.crop is not None:
+        top, left, h, w = plan.crop
+        parts.append(f"crop=w={w}:h={h}:x={left}:y={top}:exact=1")
+    if plan.flip:
+        parts.append("hflip")
+    parts.append("format=pix_fmts=rgb24")
+    return ",".join(parts)
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading and the generic fallback.
+
+
+def read_bytes(path: str) -> torch.Tensor:
+    """The file's bytes as a uint8 tensor (torchvision's reader releases the GIL)."""
+    from torchvision.io import read_file
+
+    return read_file(path)
+
+
+def is_jpeg(data: torch.Tensor) -> bool:
+    return data.numel() >= 3 and bytes(data[:3].tolist()) == JPEG_MAGIC
+
+
+def decode_generic(data: torch.Tensor, path: str) -> torch.Tensor:
+    """Any format torchvision decodes (JPEG, PNG, GIF, WEBP, ...), else PIL (BMP, TIFF, PPM):
+    uint8 RGB CHW."""
+    from torchvision.io import ImageReadMode, decode_image
+
+    try:
+        return decode_image(data, mode=ImageReadMode.RGB)
+    except RuntimeError as torchvision_error:
+        from loaderbench.transforms import load_rgb
+
+        try:
+            image = load_rgb(path)
+        except Exception as pil_error:
+            raise OSError(f"{torchvision_error}; PIL: {pil_error}") from pil_error
+        from torchvision.transforms.v2.functional import pil_to_tensor
+
+        return pil_to_tensor(image)
+
+
+def decode_cpu(data: torch.Tensor, path: str) -> torch.Tensor:
+    """libjpeg-turbo for JPEG, the generic decoder for anything else: uint8 RGB CHW."""
+    from torchvision.io import ImageReadMode, decode_jpeg
+
+    if is_jpeg(data):
+        return decode_jpeg(data, mode=ImageReadMode.RGB)
+    return decode_generic(data, path)
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0] if text else ''}"
+
+
+# ---------------------------------------------------------------------------------------------
+# Decoders.
+
+
+class ImageDecoder(abc.ABC):
+    """Decodes one batch of samples per call; the pipeline runs num_workers calls at once.
+
+    A call decodes its images one after the other into one (pinned) batch tensor. Decoding a
+    batch per pipeline task rather than an image per task matters: SPDL's per-task dispatch
+    (an asyncio task, a hand-off to the thread pool and back, stats hooks) costs about as much
+    CPU as a third of a JPEG decode, measured here; per batch it vanishes.
+    """
+
+    name: ClassVar[str]
+
+    def __init__(self, geometry: Geometry, device: torch.device) -> None:
+        self.geometry = geometry
+        self.device = device
+
+    @abc.abstractmethod
+    def load(self, sample: Sample) -> Decoded | Failure:
+        """One image; never raises for a bad file: returns a ``Failure`` naming it."""
+
+    def decode_batch(self, samples: Sequence[Sample], pin: bool) -> DecodedBatch:
+        """Decode into one contiguous uint8 NCHW tensor (in pinned memory when ``pin``)."""
+        size = self.geometry.size
+        images = torch.empty((len(samples), 3, size, size), dtype=torch.uint8, pin_memory=pin)
+        labels: list[int] = []
+        failures: list[Failure] = []
+        for sample in samples:
+            item = self.load(sample)
+            if isinstance(item, Failure):
+                failures.append(item)
+                continue
+            images[len(labels)].copy_(item.image)
+            labels.append(item.label)
+        label_tensor = torch.tensor(labels, dtype=torch.int64)
+        if pin:
+            label_tensor = label_tensor.pin_memory()
+        return DecodedBatch(images[: len(labels)], label_tensor, failures)
+
+
+class TurboDecoder(ImageDecoder):
+    """libjpeg-turbo (torchvision.io.decode_jpeg) + uint8 antialiased resize, on the CPU."""
+
+    name = "turbo"
+
+    def load(self, sample: Sample) -> Decoded | Failure:
+        try:
+            image = decode_cpu(read_bytes(sample.path), sample.path)
+            plan = self.geometry.plan(image.shape[-2], image.shape[-1], sample.seed)
+            return Decoded(apply_plan(image, plan), sample.label)
+        except Exception as error:
+            return Failure(sample.path, _first_line(error))
+
+
+class FFmpegDecoder(ImageDecoder):
+    """spdl.io: demux, then decode with one FFmpeg filter graph doing crop, scale, flip, RGB."""
+
+    name = "ffmpeg"
+
+    def __init__(self, geometry: Geometry, device: torch.device) -> None:
+        super().__init__(geometry, device)
+        import spdl.io
+
+        self._spdl_io = spdl.io
+        self._decode_config = spdl.io.decode_config(decoder_options=FFMPEG_DECODER_OPTIONS)
+
+    def _decode(self, sample: Sample) -> torch.Tensor:
+        io = self._spdl_io
+        packets = io.demux_image(sample.path)
+        codec = packets.codec
+        plan = self.geometry.plan(codec.height, codec.width, sample.seed)
+        frames = io.decode_packets(packets, filter_desc=ffmpeg_filter(plan, codec.height,
+                                   codec.width), decode_config=self._decode_config)
+        try:
+            hwc = io.to_torch(io.convert_frames(frames))
+        except Exception as error:  # no frame came out: a damaged stream
+            raise OSError(f"FFmpeg decoded no frame ({_first_line(error)})") from error
+        return hwc.reshape(hwc.shape[-3:]).permute(2, 0, 1)
+
+    def load(self, sample: Sample) -> Decoded | Failure:
+        try:
+            return Decoded(self._decode(sample), sample.label)
+        except Exception as ffmpeg_error:
+            # Not something FFmpeg reads: try the generic decoder before giving up.
+            try:
+                image = decode_generic(read_bytes(sample.path), sample.path)
+            except Exception as error:
+                return Failure(sample.path, f"FFmpeg: {_first_line(ffmpeg_error)}; "
+                                            f"fallback: {_first_line(error)}")
+            plan = self.geometry.plan(image.shape[-2], image.shape[-1], sample.seed)
+            return Decoded(apply_plan(image, plan), sample.label)
+
+
+class NvjpegDecoder(ImageDecoder):
+    """The pool thread reads a batch's bytes; the GPU decodes it with nvJPEG in one call, then
+    crops and resizes each image and stacks the batch on the GPU.
+
+    Each pool thread works on its own CUDA stream and waits for it before handing the batch on,
+    so the batch is complete; the consumer records its own stream on the tensors (see the
+    loader). Non-JPEG files are decoded on the CPU (generic decoder) and copied over.
+    """
+
+    name = "nvjpeg"
+
+    def __init__(self, geometry: Geometry, device: torch.device) -> None:
+        require_cuda(device, "loader.decoder=nvjpeg")
+        super().__init__(geometry, device)
+        self._local = threading.local()
+
+    def read(self, sample: Sample) -> Encoded | Decoded | Failure:
+        try:
+            data = read_bytes(sample.path)
+            if is_jpeg(data):
+                return Encoded(data, sample)
+            image = decode_generic(data, sample.path)  # rare: decode on the CPU
+            plan = self.geometry.plan(image.shape[-2], image.shape[-1], sample.seed)
+            return Decoded(apply_plan(image, plan), sample.label)
+        except Exception as error:
+            return Failure(sample.path, _first_line(error))
+
+    def load(self, sample: Sample) -> Decoded | Failure:
+        """One image (decoded on the GPU); ``decode_batch`` is the fast path."""
+        batch = self.decode_batch([sample], pin=False)
+        if batch.failures:
+            return batch.failures[0]
+        return Decoded(batch.images[0], int(batch.labels[0]))
+
+    def _stream(self) -> torch.cuda.Stream:
+        if not hasattr(self._local, "stream"):
+            self._local.stream = torch.cuda.Stream(self.device)
+        return self._local.stream
+
+    def _decode_gpu(self, encoded: list[Encoded]) -> list[torch.Tensor | BaseException]:
+        """Decode the JPEGs at once; if that fails, one by one to find the bad files."""
+        from torchvision.io import ImageReadMode, decode_jpeg
+
+        datas = [item.data for item in encoded]
+        try:
+            return list(decode_jpeg(datas, mode=ImageReadMode.RGB, device=self.device))
+        except RuntimeError:
+            results: list[torch.Tensor | BaseException] = []
+            for data in datas:
+                try:
+                    results.append(decode_jpeg(data, mode=ImageReadMode.RGB, device=self.device))
+                except RuntimeError as error:
+                    results.append(error)
+            return results
+
+    def decode_batch(self, samples: Sequence[Sample], pin: bool) -> DecodedBatch:
+        size = self.geometry.size
+        items = [self.read(sample) for sample in samples]
+        failures = [item for item in items if isinstance(item, Failure)]
+        encoded = [item for item in items if isinstance(item, Encoded)]
+        images: list[torch.Tensor] = []
+        labels: list[int] = []
+        stream = self._stream()
+        with torch.cuda.stream(stream):
+            decoded = self._decode_gpu(encoded) if encoded else []
+            for item, image in zip(encoded, decoded, strict=True):
+                if isinstance(image, BaseException):
+                    failures.append(Failure(item.sample.path, _first_line(image)))
+                    continue
+                plan = self.geometry.plan(image.shape[-2], image.shape[-1], item.sample.seed)
+                images.append(apply_plan(image, plan))
+                labels.append(item.sample.label)
+            for item in items:
+                if isinstance(item, Decoded):
+                    images.append(item.image.to(self.device))
+                    labels.append(item.label)
+            batch = (torch.stack(images) if images else
+                     torch.empty((0, 3, size, size), dtype=torch.uint8, device=self.device))
+            label_tensor = torch.tensor(labels, dtype=torch.int64).to(self.device)
+        stream.synchronize()
+        return DecodedBatch(batch, label_tensor, failures)
+
+
+def require_cuda(device: torch.device, what: str) -> None:
+    """Fail at once, with the reason, where the GPU a decoder needs is missing."""
+    if not torch.cuda.is_available():
+        raise RuntimeError(
+            f"{what} decodes JPEGs on the GPU (nvJPEG), but no CUDA device is available "
+            f"here; use loader.decoder=turbo or loader.decoder=ffmpeg on this machine"
+        )
+    if device.type != "cuda":
+        raise RuntimeError(
+            f"{what} decodes on the GPU, but the run's device is {device}; "
+            f"set device=cuda (or device=auto) or choose loader.decoder=turbo"
+        )
+
+
+DecoderFactory = Callable[[Geometry, torch.device], ImageDecoder]
+DECODERS: dict[str, DecoderFactory] = {
+    TurboDecoder.name: TurboDecoder,
+    FFmpegDecoder.name: FFmpegDecoder,
+    NvjpegDecoder.name: NvjpegDecoder,
+}
+
+
+def register_decoder(name: str) -> Callable[[DecoderFactory], DecoderFactory]:
+    def decorator(factory: DecoderFactory) -> DecoderFactory:
+        DECODERS[name] = factory
+        return factory
+
+    return decorator
+
+
+def build_decoder(name: str, geometry: Geometry, device: torch.device) -> ImageDecoder:
+    if name not in DECODERS:
+        raise ValueError(f"loader.decoder={name!r} is unknown; choose one of {sorted(DECODERS)}")
+    return DECODERS[name](geometry, device)
+
+
+__all__ = [
+    "DECODERS", "Decoded", "DecodedBatch", "Encoded", "Failure", "Geometry", "ImageDecoder",
+    "Plan", "Sample", "apply_plan", "build_decoder", "ffmpeg_filter", "image_seed",
+    "register_decoder", "train_plan", "val_plan",
+]

@@ -1,0 +1,440 @@
+"""The memmap loader's cache: every image of a split decoded and resized once, into uint8 files.
+
+A cache is a tensordict ``TensorClass`` (``ImageCache``) whose fields are memory-mapped files
+in a folder of its own, reopened with ``ImageCache.load_memmap``; reading a batch is then one
+gather from the page cache instead of opening, decoding and resizing files. Layout::
+
+    cache_dir/
+        <split>-<policy><stored size>-<key>/   a complete cache; never written once here
+            meta.json, _tensordict/*.memmap    the ImageCache (tensordict's memmap format)
+            cache.json                         what it was built from, skipped files, timings
+            COMPLETE                           written last, just before the rename
+        .<name>.lock                           held while building: one builder at a time
+        .<name>.tmp-<pid>/                     a build in progress, or the remains of a killed one
+
+``<key>`` hashes everything the bytes depend on: the file list with sizes and mtimes
+(``Split.fingerprint``), the split, the store policy and size, Pillow's version (it decodes and
+resizes) and ``FORMAT_VERSION``. A changed dataset or setting therefore gets a new folder and
+never reads stale images. Old folders are left in place (another run may be reading them).
+
+Store policies:
+
+* val (``crop``): exactly ``pil_val_transform(image_size)`` (Resize + CenterCrop, the same PIL
+  code), stored (N, 3, S, S), so a val batch needs no work at all after the gather;
+* train (``fit``): the whole image, aspect ratio kept, shrunk (never enlarged) so that its long
+  side fits an L x L canvas, L = round(image_size * train_store_ratio), stored channels-last
+  (N, L, L, 3) at the top left, with its true height and width in ``heights``/``widths``. The
+  random-resized crop is sampled later, per epoch, inside that true region: the same box
+  distribution as torchvision's RandomResizedCrop on the original file (not a crop of an image
+  squashed to a square). Channels-last because the CPU's uint8 resize kernel is fastest on it.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import logging
+import math
+import os
+import shutil
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import PIL
+import torch
+from PIL import Image
+from tensordict import MemoryMappedTensor, TensorClass
+from torch.utils.data import DataLoader, Dataset
+from tqdm import tqdm
+
+from loaderbench.data import Split
+from loaderbench.locking import FileLock, atomic_write_text
+from loaderbench.transforms import load_rgb, pil_val_transform
+
+log = logging.getLogger(__name__)
+
+FORMAT_VERSION = 1
+META_FILE = "cache.json"
+COMPLETE_FILE = "COMPLETE"
+# Images a build worker decodes per task: small enough for a lively progress bar.
+BUILD_CHUNK = 16
+
+
+class CacheError(RuntimeError):
+    """A cache folder that cannot be used; the message names the folder."""
+
+
+class ImageCache(TensorClass):
+    """One split, decoded: the memory-mapped fields of a cache folder."""
+
+    images: torch.Tensor  # uint8; val: (N, 3, S, S); train: (N, L, L, 3), image at the top left
+    labels: torch.Tensor  # int64 (N,)
+    heights: torch.Tensor  # int32 (N,): the stored image's true height (0: skipped file)
+    widths: torch.Tensor  # int32 (N,): the stored image's true width (0: skipped file)
+
+
+@dataclass(frozen=True)
+class StorePolicy:
+    """How one split's images are stored: what the cache key and the decoders depend on."""
+
+    kind: str  # "crop" (val) or "fit" (train)
+    image_size: int  # the model's input size
+    stored_size: int  # crop: image_size; fit: the canvas side L
+
+    @classmethod
+    def for_split(cls, train: bool, image_size: int, train_store_ratio: float) -> StorePolicy:
+        if not train:
+            return cls("crop", image_size, image_size)
+        if not math.isfinite(train_store_ratio) or train_store_ratio < 1.0:
+            raise ValueError(
+                f"loader.train_store_ratio must be >= 1.0 (the stored long side relative to "
+                f"image_size), got {train_store_ratio}"
+            )
+        return cls("fit", image_size, round(image_size * train_store_ratio))
+
+    @property
+    def channels_last(self) -> bool:
+        return self.kind == "fit"
+
+    def image_shape(self) -> tuple[int, int, int]:
+        s = self.stored_size
+        return (s, s, 3) if self.channels_last else (3, s, s)
+
+    def bytes_per_image(self) -> int:
+        return math.prod(self.image_shape())
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "image_size": self.image_size,
+            "stored_size": self.stored_size,
+            "layout": "NHWC" if self.channels_last else "NCHW",
+        }
+
+
+def cache_name(split: Split, policy: StorePolicy) -> str:
+    """The folder name: readable prefix, then a hash of everything the content depends on."""
+    payload = {
+        "format_version": FORMAT_VERSION,
+        "split": split.name,
+        "files": split.fingerprint(),
+        "pillow": PIL.__version__,
+        **policy.describe(),
+    }
+    key = hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+    return f"{split.name}-{policy.kind}{policy.stored_size}-{key}"
+
+
+# ---------------------------------------------------------------------------------------------
+# Decoding one image into its row.
+
+
+@functools.lru_cache(maxsize=8)
+def _val_transform(size: int) -> Any:
+    return pil_val_transform(size)
+
+
+def decode_crop(path: str, size: int) -> torch.Tensor:
+    """The val image, uint8 (3, S, S): the reference pipeline itself, so bit-identical to it."""
+    return _val_transform(size)(load_rgb(path))
+
+
+def fit_size(width: int, height: int, long_side: int) -> tuple[int, int]:
+    """(w, h) after shrinking, never enlarging, so that the long side is at most ``long_side``."""
+    scale = min(1.0, long_side / max(width, height))
+    return max(1, round(width * scale)), max(1, round(height * scale))
+
+
+def decode_fit(path: str, long_side: int) -> np.ndarray:
+    """The train image, uint8 (h, w, 3), aspect kept, long side shrunk to at most ``long_side``.
+
+    JPEGs are decoded at the smallest of 1/1, 1/2, 1/4, 1/8 scale that is still at least the
+    target size (``Image.draft``: the DCT does the first, power-of-two part of the shrink), then
+    resized with PIL's antialiased bilinear filter, as torchvision's Resize would.
+    """
+    with open(path, "rb") as f:
+        image = Image.open(f)
+        target = fit_size(*image.size, long_side)
+        if target != image.size:
+            image.draft("RGB", target)
+        image.load()
+    image = image.convert("RGB")
+    if image.size != target:
+        image = image.resize(target, Image.Resampling.BILINEAR)
+    return np.array(image)  # writable, as torch.from_numpy wants
+
+
+def write_fit(row: torch.Tensor, pixels: np.ndarray) -> None:
+    """Put an (h, w, 3) image at the top left of an (L, L, 3) row, plus one replicated pixel
+    right of and below it: a bilinear sampler (roi_align) reads up to half a pixel past a box's
+    edge, and must find the edge there, not black padding."""
+    h, w = pixels.shape[:2]
+    row[:h, :w] = torch.from_numpy(pixels)
+    if w < row.shape[1]:
+        row[:h, w] = row[:h, w - 1]
+    if h < row.shape[0]:
+        row[h, : w + 1] = row[h - 1, : w + 1]
+
+
+# ---------------------------------------------------------------------------------------------
+# Building.
+
+
+class _BuildChunks(Dataset):
+    """Chunk ``c`` decodes images [c * chunk, (c + 1) * chunk) straight into the mapped file.
+
+    Workers open the images file by path, shared and writable, so decoded pixels go to the page
+    cache once, with no copy through the main process; they return only sizes and errors.
+    """
+
+    def __init__(
+        self,
+        split: Split,
+        policy: StorePolicy,
+        images_file: str,
+        num_images: int,
+        skip_errors: bool,
+        chunk: int = BUILD_CHUNK,
+    ) -> None:
+        self.paths = split.paths
+        self.policy = policy
+        self.images_file = images_file
+        self.shape = (num_images, *policy.image_shape())
+        self.skip_errors = skip_errors
+        self.chunk = chunk
+        self._images: torch.Tensor | None = None
+
+    def __len__(self) -> int:
+        return -(-len(self.paths) // self.chunk)
+
+    def _rows(self) -> torch.Tensor:
+        if self._images is None:  # opened in the worker, after the fork
+            self._images = MemoryMappedTensor.from_filename(
+                self.images_file, torch.uint8, self.shape, mode="r+"
+            )
+        return self._images
+
+    def __getitem__(self, chunk: int) -> tuple[int, torch.Tensor, list[tuple[int, str]]]:
+        rows = self._rows()
+        start = chunk * self.chunk
+        stop = min(start + self.chunk, len(self.paths))
+        sizes = torch.zeros((stop - start, 2), dtype=torch.int32)
+        errors: list[tuple[int, str]] = []
+        for i in range(start, stop):
+            path = self.paths[i]
+            try:
+                if self.policy.kind == "crop":
+                    pixels: Any = decode_crop(path, self.policy.stored_size)
+                else:
+                    pixels = decode_fit(path, self.policy.stored_size)
+            except Exception as error:
+                if not self.skip_errors:
+                    raise OSError(f"cannot read image {path}: {error}") from error
+                errors.append((i, f"{type(error).__name__}: {error}"))
+                continue
+            if self.policy.kind == "crop":
+                rows[i].copy_(pixels)
+                sizes[i - start] = torch.tensor(pixels.shape[1:])
+            else:
+                write_fit(rows[i], pixels)
+                sizes[i - start] = torch.tensor(pixels.shape[:2])
+        return start, sizes, errors
+
+
+def _fsync_tree(folder: Path) -> None:
+    """Flush every file (memory-mapped writes included) and the folders to disk."""
+    for dirpath, _, filenames in os.walk(folder):
+        for name in filenames:
+            fd = os.open(os.path.join(dirpath, name), os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        fd = os.open(dirpath, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def build_cache(
+    split: Split,
+    policy: StorePolicy,
+    dest: Path,
+    name: str,
+    num_workers: int,
+    skip_errors: bool,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Decode every image of ``split`` into a new cache folder ``dest``; returns its metadata.
+
+    ``num_workers`` processes decode in parallel (0: in this process). The caller renames
+    ``dest`` into place; until then nothing else looks at it.
+    """
+    n = len(split)
+    if n == 0:
+        raise CacheError(f"split {split.name!r} has no images; nothing to cache in {dest}")
+    started = time.perf_counter()
+    template = ImageCache(
+        images=torch.empty((n, *policy.image_shape()), dtype=torch.uint8),
+        labels=torch.empty(n, dtype=torch.int64),
+        heights=torch.empty(n, dtype=torch.int32),
+        widths=torch.empty(n, dtype=torch.int32),
+        batch_size=[n],
+    )
+    cache = template.memmap_like(dest)  # sparse files: the padding reads as zeros
+    cache.labels.copy_(torch.tensor(split.labels, dtype=torch.int64))
+    chunks = _BuildChunks(split, policy, str(cache.images.filename), n, skip_errors)
+    loader = DataLoader(
+        chunks,
+        batch_size=None,
+        shuffle=False,
+        num_workers=num_workers,
+        prefetch_factor=4 if num_workers > 0 else None,
+    )
+    heights = torch.zeros(n, dtype=torch.int32)
+    widths = torch.zeros(n, dtype=torch.int32)
+    skipped: list[dict[str, Any]] = []
+    with tqdm(
+        total=n,
+        desc=f"building memmap cache {name}",
+        unit="img",
+        dynamic_ncols=True,
+        disable=not progress or None,
+        file=sys.stderr,
+    ) as bar:
+        for start, sizes, errors in loader:
+            heights[start : start + len(sizes)] = sizes[:, 0]
+            widths[start : start + len(sizes)] = sizes[:, 1]
+            for index, message in errors:
+                log.warning("skipping unreadable image %s: %s", split.paths[index], message)
+                skipped.append({"index": index, "path": split.paths[index], "error": message})
+            bar.update(len(sizes))
+    cache.heights.copy_(heights)
+    cache.widths.copy_(widths)
+    decode_s = time.perf_counter() - started
+    del cache, template
+    _fsync_tree(dest)
+    build_s = time.perf_counter() - started
+    skipped.sort(key=lambda item: item["index"])
+    return {
+        "format_version": FORMAT_VERSION,
+        "name": name,
+        "split": split.name,
+        "num_images": n,
+        "fingerprint": split.fingerprint(),
+        "policy": policy.describe(),
+        "pillow": PIL.__version__,
+        "skipped": skipped,
+        "build_workers": num_workers,
+        "build_s": build_s,
+        "build_images_per_s": n / decode_s,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# Opening, and building when missing.
+
+
+@dataclass
+class OpenedCache:
+    path: Path
+    data: ImageCache
+    meta: dict[str, Any]
+    built: bool  # this process built it
+
+    @property
+    def skipped(self) -> list[dict[str, Any]]:
+        return self.meta["skipped"]
+
+
+def is_complete(folder: Path) -> bool:
+    return (folder / COMPLETE_FILE).is_file()
+
+
+def open_cache(folder: Path, policy: StorePolicy, built: bool = False) -> OpenedCache:
+    """Map a complete cache folder; refuse anything incomplete or of another format."""
+    if not is_complete(folder):
+        raise CacheError(f"memmap cache {folder} is incomplete (no {COMPLETE_FILE} marker)")
+    try:
+        meta = json.loads((folder / META_FILE).read_text())
+    except (OSError, ValueError) as error:
+        raise CacheError(f"memmap cache {folder}: cannot read {META_FILE}: {error}") from error
+    if meta.get("format_version") != FORMAT_VERSION or meta.get("name") != folder.name:
+        raise CacheError(
+            f"memmap cache {folder} has format {meta.get('format_version')!r} and name "
+            f"{meta.get('name')!r}; expected {FORMAT_VERSION} and {folder.name!r}"
+        )
+    data = ImageCache.load_memmap(folder)
+    expected = (meta["num_images"], *policy.image_shape())
+    if tuple(data.images.shape) != expected or data.images.dtype != torch.uint8:
+        raise CacheError(
+            f"memmap cache {folder}: images are {data.images.dtype} {tuple(data.images.shape)}, "
+            f"expected uint8 {expected}"
+        )
+    return OpenedCache(folder, data, meta, built)
+
+
+def _remove_stale(cache_dir: Path, name: str) -> None:
+    """Remains of killed builds of ``name`` (only called while holding its lock)."""
+    for stale in cache_dir.glob(f".{name}.tmp-*"):
+        log.warning("removing the remains of an interrupted cache build: %s", stale)
+        shutil.rmtree(stale, ignore_errors=True)
+    final = cache_dir / name
+    if final.exists() and not is_complete(final):
+        log.warning("removing incomplete cache folder %s", final)
+        shutil.rmtree(final, ignore_errors=True)
+
+
+def ensure_cache(
+    split: Split,
+    policy: StorePolicy,
+    cache_dir: Path,
+    num_workers: int,
+    skip_errors: bool,
+    progress: bool = True,
+) -> OpenedCache:
+    """The split's cache, built first (once, under a lock, atomically) when it does not exist."""
+    name = cache_name(split, policy)
+    final = cache_dir / name
+    if is_complete(final):
+        return open_cache(final, policy)
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(
+        cache_dir / f".{name}.lock",
+        wait_message=f"Waiting for another run building memmap cache {final} ...",
+    )
+    with lock:
+        if is_complete(final):  # built by the run we waited for
+            return open_cache(final, policy)
+        _remove_stale(cache_dir, name)
+        tmp = cache_dir / f".{name}.tmp-{os.getpid()}"
+        log.info("building memmap cache %s (%d images, %d workers)", final, len(split), num_workers)
+        try:
+            meta = build_cache(split, policy, tmp, name, num_workers, skip_errors, progress)
+            atomic_write_text(tmp / META_FILE, json.dumps(meta, indent=1) + "\n")
+            atomic_write_text(tmp / COMPLETE_FILE, f"{name}\n")
+            os.rename(tmp, final)
+            dir_fd = os.open(cache_dir, os.O_RDONLY)
+            try:
+                os.fsync(dir_fd)
+            finally:
+                os.close(dir_fd)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        log.info(
+            "built memmap cache %s: %d images in %.1f s (%.0f images/s), %d skipped",
+            final,
+            meta["num_images"],
+            meta["build_s"],
+            meta["build_images_per_s"],
+            len(meta["skipped"]),
+        )
+    return open_cache(final, policy, built=True)

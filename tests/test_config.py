@@ -1,0 +1,92 @@
+"""Config composition: every option of every group composes; bad overrides fail naming the key."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.errors import ConfigCompositionException
+from omegaconf import OmegaConf
+
+import loaderbench.config  # noqa: F401
+from loaderbench.validation import ConfigError, validate_config
+
+CONF = Path(__file__).resolve().parents[1] / "conf"
+GROUPS = ["dataset", "loader", "model", "device", "precision", "logger"]
+# Options that need a value the user must supply.
+REQUIRED = {
+    ("dataset", "folder"): ["dataset.root=/some/where"],
+    ("dataset", "imagenet_flist"): ["dataset.root=/r", "dataset.train_list=t", "dataset.val_list=v"],
+}
+
+
+def options(group: str) -> list[str]:
+    return sorted(p.stem for p in (CONF / group).glob("*.yaml"))
+
+
+def compose_cfg(config: str, overrides: list[str]):
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return compose(config, overrides=overrides, return_hydra_config=False)
+
+
+@pytest.mark.parametrize("config", ["train", "eval"])
+@pytest.mark.parametrize(
+    ("group", "option"), [(g, o) for g in GROUPS for o in options(g)]
+)
+def test_every_option_composes(config: str, group: str, option: str) -> None:
+    extra = REQUIRED.get((group, option), [])
+    cfg = compose_cfg(config, [f"{group}={option}", *extra])
+    if group == "device":
+        assert cfg.device.type == option
+    else:
+        assert cfg[group].name == option
+    OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
+    validate_config(cfg)
+
+
+def test_defaults() -> None:
+    cfg = compose_cfg("train", [])
+    assert cfg.loader.name == "torchvision"
+    assert cfg.dataset.name == "synthetic" and cfg.dataset.root is None
+    assert cfg.model.pretrained is False
+    assert cfg.logger.name == "wandb"
+    assert cfg.device.type == "auto" and cfg.precision.name == "fp32"
+
+
+def test_dataset_root_alone_points_at_the_folder() -> None:
+    cfg = compose_cfg("train", ["dataset.root=/data/imagenet"])
+    assert cfg.dataset.root == "/data/imagenet"
+
+
+@pytest.mark.parametrize(
+    ("override", "key"),
+    [
+        ("loader.batch_size=abc", "loader.batch_size"),
+        ("loader.bogus=1", "loader.bogus"),
+        ("epochs=many", "epochs"),
+        ("model.pretrained=maybe", "model.pretrained"),
+        ("optim.lr=fast", "optim.lr"),
+        ("nonsense=1", "nonsense"),
+    ],
+)
+def test_bad_override_fails_naming_the_key(override: str, key: str) -> None:
+    with pytest.raises(ConfigCompositionException) as info:
+        compose_cfg("train", [override])
+    text = str(info.value) + str(info.value.__cause__ or "")
+    assert key.split(".")[-1] in text
+
+
+@pytest.mark.parametrize(
+    ("override", "key"),
+    [
+        ("+loader.bogus=1", "bogus"),
+        ("loader.num_workers=-1", "loader.num_workers"),
+        ("loader.batch_size=0", "loader.batch_size"),
+        ("dataset.on_error=ignore", "dataset.on_error"),
+    ],
+)
+def test_validation_names_the_key(override: str, key: str) -> None:
+    cfg = compose_cfg("train", [override])
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        validate_config(cfg)

@@ -1,0 +1,107 @@
+"""The meters: throughput after warm-up, data-wait share, and the process tree's cost."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from loaderbench.meters import Average, CpuWindow, LoopMeter, ProcessTreeMonitor
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def timed_loader(clock: FakeClock, waits: list[float], batch: int = 4):
+    for wait in waits:
+        clock.now += wait
+        yield torch.zeros(batch, 3, 2, 2), torch.zeros(batch, dtype=torch.int64)
+
+
+def test_loop_meter_separates_wait_from_compute() -> None:
+    clock = FakeClock()
+    meter = LoopMeter(warmup_batches=2, clock=clock)
+    waits = [5.0, 1.0, 0.5, 0.5, 0.5, 0.5]  # the first batches pay for start-up
+    for _ in meter.iterate(timed_loader(clock, waits)):
+        clock.now += 1.5  # the "step"
+    summary = meter.summary()
+    assert summary["images"] == 24
+    assert summary["ttfb_s"] == pytest.approx(5.0)
+    # Steady state: 4 batches of 4 images, each 0.5 s wait + 1.5 s step.
+    assert summary["images_per_s"] == pytest.approx(16 / 8.0)
+    assert summary["data_wait_frac"] == pytest.approx(0.25)
+    assert summary["measured_batches"] == 4
+
+
+def test_loop_meter_accumulates_epochs_and_counts_ttfb_once() -> None:
+    clock = FakeClock()
+    meter = LoopMeter(warmup_batches=1, clock=clock)
+    for _ in range(2):
+        for _ in meter.iterate(timed_loader(clock, [2.0, 1.0, 1.0])):
+            clock.now += 1.0
+    summary = meter.summary()
+    assert summary["images"] == 24 and summary["batches"] == 6
+    assert summary["ttfb_s"] == pytest.approx(2.0)
+    # Batches 2..6: waits 1,2(new epoch),1,... = 1+2+1 + 1 each step
+    assert summary["images_per_s"] == pytest.approx(20 / (1 + 1 + 1 + 1 + 2 + 1 + 1 + 1 + 1 + 1))
+
+
+def test_loop_meter_max_batches_and_few_batches() -> None:
+    clock = FakeClock()
+    meter = LoopMeter(warmup_batches=10, clock=clock)
+    for _ in meter.iterate(timed_loader(clock, [1.0] * 5), max_batches=2):
+        clock.now += 1.0
+    summary = meter.summary()
+    assert summary["batches"] == 2
+    # Fewer batches than the warm-up: measure what there is after the first.
+    assert summary["images_per_s"] == pytest.approx(4 / 2.0)
+
+
+def test_loop_meter_calls_sync() -> None:
+    calls = []
+    meter = LoopMeter(warmup_batches=0, sync=lambda: calls.append(1))
+    for _ in meter.iterate([(torch.zeros(1), torch.zeros(1))] * 3):
+        pass
+    assert len(calls) == 6  # once when a batch arrives, once after each step
+
+
+def test_process_tree_counts_children_cpu_and_memory() -> None:
+    with ProcessTreeMonitor(interval_s=0.05) as monitor:
+        idle_rss = monitor.peak_rss_bytes
+        window = CpuWindow(monitor)
+        with window:
+            child = subprocess.Popen(
+                [sys.executable, "-c",
+                 "import time\nb = bytearray(300 * 2**20)\nfor i in range(0, len(b), 4096): "
+                 "b[i] = 1\nt = time.process_time()\nwhile time.process_time() - t < 1.0: pass\n"
+                 "time.sleep(0.3)"]
+            )
+            child.wait()
+    assert window.cpu_s >= 0.8, window.cpu_s
+    assert monitor.peak_rss_bytes - idle_rss >= 250 * 2**20
+
+
+def test_cpu_window_excludes_time_outside() -> None:
+    with ProcessTreeMonitor(interval_s=0.05) as monitor:
+        window = CpuWindow(monitor)
+        t = time.process_time()
+        while time.process_time() - t < 0.5:
+            pass
+        with window:
+            time.sleep(0.2)
+    assert window.cpu_s < 0.3
+
+
+def test_average() -> None:
+    avg = Average()
+    avg.update(1.0, 1)
+    avg.update(4.0, 3)
+    assert avg.mean == pytest.approx(13 / 4)
