@@ -17,7 +17,11 @@ GROUPS = ["dataset", "loader", "model", "device", "precision", "logger"]
 # Options that need a value the user must supply.
 REQUIRED = {
     ("dataset", "folder"): ["dataset.root=/some/where"],
-    ("dataset", "imagenet_flist"): ["dataset.root=/r", "dataset.train_list=t", "dataset.val_list=v"],
+    ("dataset", "imagenet_flist"): [
+        "dataset.root=/r",
+        "dataset.train_list=t",
+        "dataset.val_list=v",
+    ],
 }
 
 
@@ -31,9 +35,7 @@ def compose_cfg(config: str, overrides: list[str]):
 
 
 @pytest.mark.parametrize("config", ["train", "eval"])
-@pytest.mark.parametrize(
-    ("group", "option"), [(g, o) for g in GROUPS for o in options(g)]
-)
+@pytest.mark.parametrize(("group", "option"), [(g, o) for g in GROUPS for o in options(g)])
 def test_every_option_composes(config: str, group: str, option: str) -> None:
     extra = REQUIRED.get((group, option), [])
     cfg = compose_cfg(config, [f"{group}={option}", *extra])

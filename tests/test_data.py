@@ -101,8 +101,10 @@ def test_mean_colour_does_not_give_the_class_away() -> None:
     rng = np.random.default_rng(0)
     classes, per_class = 10, 12
     feats = np.array(
-        [[render_image(c, rng).reshape(-1, 3).mean(0) for _ in range(per_class)]
-         for c in range(classes)]
+        [
+            [render_image(c, rng).reshape(-1, 3).mean(0) for _ in range(per_class)]
+            for c in range(classes)
+        ]
     )  # (classes, per_class, 3)
     train, test = feats[:, : per_class // 2], feats[:, per_class // 2 :]
     centroids = train.mean(1)

@@ -15,8 +15,19 @@ from tests.conftest import read_metrics, run_dirs, run_entry, single_run
 pytestmark = pytest.mark.slow
 
 CONTRACT_KEYS = {
-    "loader", "model", "device", "batch_size", "num_workers", "images", "images_per_s",
-    "ttfb_s", "data_wait_frac", "cpu_s_per_1k_images", "peak_rss_mb", "skipped_files", "wall_s",
+    "loader",
+    "model",
+    "device",
+    "batch_size",
+    "num_workers",
+    "images",
+    "images_per_s",
+    "ttfb_s",
+    "data_wait_frac",
+    "cpu_s_per_1k_images",
+    "peak_rss_mb",
+    "skipped_files",
+    "wall_s",
 }
 QUICK = ["model.name=test_resnet", "device=cpu", "loader.batch_size=16", "loader.num_workers=1"]
 
@@ -49,11 +60,18 @@ def test_train_writes_metrics_checkpoint_and_wandb(trained: tuple[Path, dict]) -
     assert [row["epoch"] for row in wandb_run.history] == [1, 2]
 
 
-def test_eval_reproduces_train_top1(trained: tuple[Path, dict], small_root: Path,
-                                    tmp_path: Path) -> None:
+def test_eval_reproduces_train_top1(
+    trained: tuple[Path, dict], small_root: Path, tmp_path: Path
+) -> None:
     run_dir, train_metrics = trained
-    run_entry("eval.py", f"checkpoint={run_dir / 'checkpoint.pt'}", f"dataset.root={small_root}",
-              "device=cpu", "logger=none", cwd=tmp_path)
+    run_entry(
+        "eval.py",
+        f"checkpoint={run_dir / 'checkpoint.pt'}",
+        f"dataset.root={small_root}",
+        "device=cpu",
+        "logger=none",
+        cwd=tmp_path,
+    )
     _, metrics = single_run(tmp_path, "eval")
     assert CONTRACT_KEYS | {"top1", "top5"} <= metrics.keys()
     assert metrics["model"] == "test_resnet" and metrics["image_size"] == 64
@@ -62,25 +80,47 @@ def test_eval_reproduces_train_top1(trained: tuple[Path, dict], small_root: Path
 
 
 def test_eval_model_none_measures_the_loader(small_root: Path, tmp_path: Path) -> None:
-    run_entry("eval.py", "model=none", f"dataset.root={small_root}", "logger=none",
-              "loader.num_workers=1", "bench.epochs=2", cwd=tmp_path)
+    run_entry(
+        "eval.py",
+        "model=none",
+        f"dataset.root={small_root}",
+        "logger=none",
+        "loader.num_workers=1",
+        "bench.epochs=2",
+        cwd=tmp_path,
+    )
     _, metrics = single_run(tmp_path, "eval")
     assert metrics["images"] == 80 and metrics["images_per_s"] > 0
     assert "top1" not in metrics and metrics["model"] == "none"
 
 
 def test_train_model_none_runs_the_train_pipeline(tiny_root: Path, tmp_path: Path) -> None:
-    run_entry("train.py", "model=none", f"dataset.root={tiny_root}", "logger=none",
-              "loader.batch_size=8", "loader.num_workers=1", cwd=tmp_path)
+    run_entry(
+        "train.py",
+        "model=none",
+        f"dataset.root={tiny_root}",
+        "logger=none",
+        "loader.batch_size=8",
+        "loader.num_workers=1",
+        cwd=tmp_path,
+    )
     _, metrics = single_run(tmp_path, "train")
     assert metrics["images"] == 24 and "top1" not in metrics
     assert not any(p.name == "checkpoint.pt" for p in (tmp_path / "outputs").rglob("*"))
 
 
-def test_multirun_leaves_one_run_dir_and_one_wandb_run_per_job(tiny_root: Path,
-                                                                tmp_path: Path) -> None:
-    run_entry("eval.py", "--multirun", "model=none", f"dataset.root={tiny_root}",
-              "loader.num_workers=0,1", "loader.batch_size=4", cwd=tmp_path)
+def test_multirun_leaves_one_run_dir_and_one_wandb_run_per_job(
+    tiny_root: Path, tmp_path: Path
+) -> None:
+    run_entry(
+        "eval.py",
+        "--multirun",
+        "model=none",
+        f"dataset.root={tiny_root}",
+        "loader.num_workers=0,1",
+        "loader.batch_size=4",
+        cwd=tmp_path,
+    )
     dirs = run_dirs(tmp_path, "eval")
     assert len(dirs) == 2
     assert sorted(read_metrics(d)["num_workers"] for d in dirs) == [0, 1]
@@ -92,8 +132,14 @@ def test_multirun_leaves_one_run_dir_and_one_wandb_run_per_job(tiny_root: Path,
 
 
 def test_bad_override_fails_fast_naming_the_key(tmp_path: Path) -> None:
-    proc = run_entry("train.py", "loader.num_workers=-2", "logger=none", "dataset.root=/nowhere",
-                     cwd=tmp_path, check=False)
+    proc = run_entry(
+        "train.py",
+        "loader.num_workers=-2",
+        "logger=none",
+        "dataset.root=/nowhere",
+        cwd=tmp_path,
+        check=False,
+    )
     assert proc.returncode != 0
     assert "loader.num_workers" in proc.stderr
     metrics = read_metrics(single_run(tmp_path, "train")[0])
@@ -101,11 +147,21 @@ def test_bad_override_fails_fast_naming_the_key(tmp_path: Path) -> None:
 
 
 def test_wandb_online_without_key_goes_offline(tiny_root: Path, tmp_path: Path) -> None:
-    env = {"WANDB_MODE": "online", "WANDB_API_KEY": "", "HOME": str(tmp_path),
-           "NETRC": str(tmp_path / "none")}
+    env = {
+        "WANDB_MODE": "online",
+        "WANDB_API_KEY": "",
+        "HOME": str(tmp_path),
+        "NETRC": str(tmp_path / "none"),
+    }
     start = time.monotonic()
-    proc = run_entry("eval.py", "model=none", f"dataset.root={tiny_root}",
-                     "loader.num_workers=0", cwd=tmp_path, env=env)
+    proc = run_entry(
+        "eval.py",
+        "model=none",
+        f"dataset.root={tiny_root}",
+        "loader.num_workers=0",
+        cwd=tmp_path,
+        env=env,
+    )
     assert time.monotonic() - start < 120
     assert "offline" in proc.stderr and "API key" in proc.stderr
     run_dir, metrics = single_run(tmp_path, "eval")
@@ -114,11 +170,22 @@ def test_wandb_online_without_key_goes_offline(tiny_root: Path, tmp_path: Path) 
 
 
 def test_wandb_refusing_server_goes_offline(tiny_root: Path, tmp_path: Path) -> None:
-    env = {"WANDB_MODE": "online", "WANDB_API_KEY": "x" * 40, "WANDB_BASE_URL": "http://127.0.0.1:9",
-           "HOME": str(tmp_path)}
+    env = {
+        "WANDB_MODE": "online",
+        "WANDB_API_KEY": "x" * 40,
+        "WANDB_BASE_URL": "http://127.0.0.1:9",
+        "HOME": str(tmp_path),
+    }
     start = time.monotonic()
-    run_entry("eval.py", "model=none", f"dataset.root={tiny_root}", "loader.num_workers=0",
-              "logger.init_timeout_s=5", cwd=tmp_path, env=env)
+    run_entry(
+        "eval.py",
+        "model=none",
+        f"dataset.root={tiny_root}",
+        "loader.num_workers=0",
+        "logger.init_timeout_s=5",
+        cwd=tmp_path,
+        env=env,
+    )
     assert time.monotonic() - start < 120
     run_dir, metrics = single_run(tmp_path, "eval")
     assert metrics["status"] == "ok"

@@ -79,10 +79,13 @@ def test_process_tree_counts_children_cpu_and_memory() -> None:
         window = CpuWindow(monitor)
         with window:
             child = subprocess.Popen(
-                [sys.executable, "-c",
-                 "import time\nb = bytearray(300 * 2**20)\nfor i in range(0, len(b), 4096): "
-                 "b[i] = 1\nt = time.process_time()\nwhile time.process_time() - t < 1.0: pass\n"
-                 "time.sleep(0.3)"]
+                [
+                    sys.executable,
+                    "-c",
+                    "import time\nb = bytearray(300 * 2**20)\nfor i in range(0, len(b), 4096): "
+                    "b[i] = 1\nt = time.process_time()\nwhile time.process_time() - t < 1.0: pass\n"
+                    "time.sleep(0.3)",
+                ]
             )
             child.wait()
     assert window.cpu_s >= 0.8, window.cpu_s

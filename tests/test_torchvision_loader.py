@@ -20,8 +20,15 @@ def index_of(root: Path):
 
 
 def spec(split, train: bool, **kwargs) -> LoaderSpec:
-    base = dict(split=split, train=train, image_size=32, device=torch.device("cpu"),
-                batch_size=5, num_workers=1, prefetch=2)
+    base = dict(
+        split=split,
+        train=train,
+        image_size=32,
+        device=torch.device("cpu"),
+        batch_size=5,
+        num_workers=1,
+        prefetch=2,
+    )
     base.update(kwargs)
     return LoaderSpec(**base)
 

@@ -187,8 +187,12 @@ def benchmark_loader(run: Run, loader: Loader, epochs: int) -> dict[str, Any]:
     for epoch in range(epochs):
         loader.set_epoch(epoch)
         with window:
-            consume(loader, meter, max_batches=run.cfg.bench.max_batches,
-                    desc=f"{run.cfg.loader.name} epoch {epoch}")
+            consume(
+                loader,
+                meter,
+                max_batches=run.cfg.bench.max_batches,
+                desc=f"{run.cfg.loader.name} epoch {epoch}",
+            )
     return loop_metrics(meter, window.cpu_s)
 
 
@@ -212,15 +216,18 @@ def train(cfg: DictConfig) -> dict[str, Any]:
             metrics["skipped_files"] = metrics.get("skipped_files", 0) + train_loader.stats().get(
                 "skipped_files", 0
             )
-            metrics.update({f"loader_{k}": v for k, v in train_loader.stats().items()
-                            if k != "skipped_files"})
+            metrics.update(
+                {f"loader_{k}": v for k, v in train_loader.stats().items() if k != "skipped_files"}
+            )
     return metrics
 
 
 def _fit(run: Run, model: nn.Module, train_loader: Loader) -> None:
     cfg, metrics = run.cfg, run.metrics
-    steps_per_epoch = len(train_loader) if cfg.bench.max_batches is None else min(
-        len(train_loader), cfg.bench.max_batches
+    steps_per_epoch = (
+        len(train_loader)
+        if cfg.bench.max_batches is None
+        else min(len(train_loader), cfg.bench.max_batches)
     )
     if steps_per_epoch == 0:
         raise ValueError(
@@ -247,23 +254,45 @@ def _fit(run: Run, model: nn.Module, train_loader: Loader) -> None:
         for epoch in range(cfg.epochs):
             train_loader.set_epoch(epoch)
             with window:
-                loss = train_one_epoch(step, train_loader, meter, max_batches=cfg.bench.max_batches,
-                                       desc=f"epoch {epoch + 1}/{cfg.epochs}")
-            val = evaluate(step.model, val_loader, run.precision, run.device, run.meter(),
-                           desc=f"val {epoch + 1}/{cfg.epochs}").metrics()
+                loss = train_one_epoch(
+                    step,
+                    train_loader,
+                    meter,
+                    max_batches=cfg.bench.max_batches,
+                    desc=f"epoch {epoch + 1}/{cfg.epochs}",
+                )
+            val = evaluate(
+                step.model,
+                val_loader,
+                run.precision,
+                run.device,
+                run.meter(),
+                desc=f"val {epoch + 1}/{cfg.epochs}",
+            ).metrics()
             so_far = loop_metrics(meter, window.cpu_s)
             metrics.update(so_far, loss=loss, epochs=epoch + 1, **val)
             lr = optimizer.param_groups[0]["lr"]
             log.info(
                 "epoch %d/%d: loss %.4f, top1 %.4f, top5 %.4f, %.1f images/s, data wait %.1f%%",
-                epoch + 1, cfg.epochs, loss, val["top1"], val["top5"],
-                so_far["images_per_s"] or 0.0, 100 * (so_far["data_wait_frac"] or 0.0),
+                epoch + 1,
+                cfg.epochs,
+                loss,
+                val["top1"],
+                val["top5"],
+                so_far["images_per_s"] or 0.0,
+                100 * (so_far["data_wait_frac"] or 0.0),
             )
             run.logger.log(
-                {"epoch": epoch + 1, "train/loss": loss, "train/lr": lr,
-                 "train/images_per_s": so_far["images_per_s"],
-                 "train/data_wait_frac": so_far["data_wait_frac"],
-                 "val/top1": val["top1"], "val/top5": val["top5"], "val/loss": val["val_loss"]},
+                {
+                    "epoch": epoch + 1,
+                    "train/loss": loss,
+                    "train/lr": lr,
+                    "train/images_per_s": so_far["images_per_s"],
+                    "train/data_wait_frac": so_far["data_wait_frac"],
+                    "val/top1": val["top1"],
+                    "val/top5": val["top5"],
+                    "val/loss": val["val_loss"],
+                },
                 step=epoch + 1,
             )
             save_checkpoint(
@@ -275,8 +304,11 @@ def _fit(run: Run, model: nn.Module, train_loader: Loader) -> None:
                     "epoch": epoch + 1,
                     "config": OmegaConf.to_container(cfg, resolve=True),
                     "classes": list(run.dataset.classes),
-                    "metrics": {k: v for k, v in metrics.items()
-                                if isinstance(v, int | float | str) or v is None},
+                    "metrics": {
+                        k: v
+                        for k, v in metrics.items()
+                        if isinstance(v, int | float | str) or v is None
+                    },
                     "rng": rng_state(),
                 },
             )
@@ -304,8 +336,14 @@ def evaluate_checkpoint(cfg: DictConfig) -> dict[str, Any]:
                 meter = run.meter()
                 window = CpuWindow(run.monitor)
                 with window:
-                    counts = evaluate(maybe_compile(model, cfg.model), val_loader, run.precision,
-                                      run.device, meter, max_batches=cfg.bench.max_batches)
+                    counts = evaluate(
+                        maybe_compile(model, cfg.model),
+                        val_loader,
+                        run.precision,
+                        run.device,
+                        meter,
+                        max_batches=cfg.bench.max_batches,
+                    )
                 metrics.update(loop_metrics(meter, window.cpu_s), **counts.metrics())
         finally:
             val_loader.close()
@@ -316,7 +354,9 @@ def evaluate_checkpoint(cfg: DictConfig) -> dict[str, Any]:
 def _model_from_checkpoint(run: Run) -> nn.Module:
     cfg = run.cfg
     if cfg.checkpoint is None:
-        raise ValueError("eval.py needs checkpoint=PATH (or model=none to measure the loader alone)")
+        raise ValueError(
+            "eval.py needs checkpoint=PATH (or model=none to measure the loader alone)"
+        )
     state = load_checkpoint(cfg.checkpoint)
     trained = OmegaConf.create(state["config"])
     if list(state["classes"]) != list(run.dataset.classes):
@@ -335,10 +375,14 @@ def _model_from_checkpoint(run: Run) -> nn.Module:
     if cfg.image_size is None:
         cfg.image_size = trained.image_size
     elif cfg.image_size != trained.image_size:
-        log.warning("evaluating at image_size=%d; the checkpoint was trained at %d",
-                    cfg.image_size, trained.image_size)
-    model = build_model(OmegaConf.merge(model_cfg, {"pretrained": False}),
-                        len(state["classes"]), run.device)
+        log.warning(
+            "evaluating at image_size=%d; the checkpoint was trained at %d",
+            cfg.image_size,
+            trained.image_size,
+        )
+    model = build_model(
+        OmegaConf.merge(model_cfg, {"pretrained": False}), len(state["classes"]), run.device
+    )
     assert model is not None
     model.load_state_dict(state["model"])
     run.metrics["model"] = trained.model.name

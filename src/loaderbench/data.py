@@ -18,7 +18,6 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 SPLITS = ("train", "val")
 _WNID = re.compile(r"n\d{8}")
@@ -167,9 +166,7 @@ def discover(cfg: DictConfig) -> DatasetIndex:
     if cfg.root is None:
         from loaderbench.synthetic import SyntheticSpec, ensure_synthetic
 
-        root = ensure_synthetic(
-            SyntheticSpec(**cfg.synthetic), resolve_path(cfg.generated_dir)
-        )
+        root = ensure_synthetic(SyntheticSpec(**cfg.synthetic), resolve_path(cfg.generated_dir))
     else:
         root = resolve_path(cfg.root)
         if not root.is_dir():
@@ -182,4 +179,6 @@ def discover(cfg: DictConfig) -> DatasetIndex:
     else:
         index = _image_folder_index(root)
     limit = cfg.get("max_images")
-    return DatasetIndex(index.root, index.classes, _limit(index.train, limit), _limit(index.val, limit))
+    return DatasetIndex(
+        index.root, index.classes, _limit(index.train, limit), _limit(index.val, limit)
+    )

@@ -17,8 +17,15 @@ from loaderbench.runtime import Precision
 def progress(loader: Loader, desc: str) -> tqdm:
     """A progress bar counting images, so its rate reads in images/s."""
     total = len(loader) * loader.spec.batch_size
-    return tqdm(total=total, desc=desc, unit="img", unit_scale=False, dynamic_ncols=True,
-                disable=None, leave=False)
+    return tqdm(
+        total=total,
+        desc=desc,
+        unit="img",
+        unit_scale=False,
+        dynamic_ncols=True,
+        disable=None,
+        leave=False,
+    )
 
 
 @dataclass

@@ -23,7 +23,7 @@ class FileLock:
 
     def __enter__(self) -> FileLock:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._file = open(self.path, "ab")  # noqa: SIM115 - held for the lock's lifetime
+        self._file = open(self.path, "ab")
         try:
             fcntl.flock(self._file, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

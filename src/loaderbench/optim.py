@@ -24,7 +24,9 @@ def _param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
 
 def _sgd(cfg: DictConfig, model: nn.Module) -> torch.optim.Optimizer:
     return torch.optim.SGD(
-        _param_groups(model, cfg.weight_decay), lr=cfg.lr, momentum=cfg.momentum,
+        _param_groups(model, cfg.weight_decay),
+        lr=cfg.lr,
+        momentum=cfg.momentum,
         nesterov=cfg.nesterov and cfg.momentum > 0,
     )
 
@@ -57,7 +59,9 @@ def warmup_cosine(total_steps: int, warmup_steps: int, min_ratio: float) -> Call
     return factor
 
 
-def warmup_constant(total_steps: int, warmup_steps: int, min_ratio: float) -> Callable[[int], float]:
+def warmup_constant(
+    total_steps: int, warmup_steps: int, min_ratio: float
+) -> Callable[[int], float]:
     return lambda step: min(1.0, (step + 1) / warmup_steps) if warmup_steps else 1.0
 
 
@@ -76,6 +80,6 @@ def build_scheduler(
             f"scheduler.name={cfg.name!r} is unknown; choose one of {sorted(SCHEDULES)}"
         )
     total = steps_per_epoch * epochs
-    warmup = min(int(round(cfg.warmup_epochs * steps_per_epoch)), total)
+    warmup = min(round(cfg.warmup_epochs * steps_per_epoch), total)
     factor = SCHEDULES[cfg.name](total, warmup, cfg.min_lr_ratio)
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)

@@ -31,8 +31,17 @@ from loaderbench.locking import FileLock
 FORMAT_VERSION = 3
 
 # (width, height) and weights: ImageNet's most common sizes, both orientations.
-_SIZES = [(500, 375), (375, 500), (500, 333), (333, 500), (500, 400), (400, 500), (500, 500),
-          (640, 480), (450, 338)]
+_SIZES = [
+    (500, 375),
+    (375, 500),
+    (500, 333),
+    (333, 500),
+    (500, 400),
+    (400, 500),
+    (500, 500),
+    (640, 480),
+    (450, 338),
+]
 _SIZE_WEIGHTS = np.array([34, 14, 14, 6, 8, 4, 8, 6, 6], dtype=float)
 
 Mask = np.ndarray  # bool (H, W)
@@ -51,9 +60,8 @@ class SyntheticSpec:
         return hashlib.sha256(payload.encode()).hexdigest()[:10]
 
     def dirname(self) -> str:
-        return (
-            f"synthetic-{self.num_classes}c-{self.train_per_class}x{self.val_per_class}-{self.key()}"
-        )
+        counts = f"{self.num_classes}c-{self.train_per_class}x{self.val_per_class}"
+        return f"synthetic-{counts}-{self.key()}"
 
 
 def class_folder(label: int) -> str:
@@ -152,7 +160,16 @@ def _crescent(u, v, r, angle, rng):
 
 
 _PAINTERS: list[Callable[..., Mask]] = [
-    _circle, _square, _triangle, _ring, _cross, _star, _stripes, _checker, _dots, _crescent,
+    _circle,
+    _square,
+    _triangle,
+    _ring,
+    _cross,
+    _star,
+    _stripes,
+    _checker,
+    _dots,
+    _crescent,
 ]
 CLASS_NAMES = [p.__name__.lstrip("_") for p in _PAINTERS]
 
@@ -165,7 +182,7 @@ def render_image(label: int, rng: np.random.Generator) -> np.ndarray:
     # Background: a random-colour gradient plus blotches and grain, so that JPEG sizes and
     # statistics look like photographs rather than flat fills.
     c0, c1 = rng.uniform(0, 255, 3), rng.uniform(0, 255, 3)
-    t = (xx * math.cos(rng.uniform(0, 2 * math.pi)) + yy * math.sin(rng.uniform(0, 2 * math.pi)))
+    t = xx * math.cos(rng.uniform(0, 2 * math.pi)) + yy * math.sin(rng.uniform(0, 2 * math.pi))
     t = (t - t.min()) / max(float(t.max() - t.min()), 1.0)
     image = c0 + (c1 - c0) * t[..., None]
     low = rng.normal(0, 1, (height // 25 + 2, width // 25 + 2, 3)).astype(np.float32)
@@ -189,8 +206,9 @@ def render_image(label: int, rng: np.random.Generator) -> np.ndarray:
         x0, x1 = int(cx - radius) - 1, int(cx + radius) + 2
         y0, y1 = int(cy - radius) - 1, int(cy + radius) + 2
         x0, y0 = max(x0, 0), max(y0, 0)
-        mask = painter(xx[y0:y1, x0:x1] - cx, yy[y0:y1, x0:x1] - cy, radius,
-                       rng.uniform(0, 2 * math.pi), rng)
+        mask = painter(
+            xx[y0:y1, x0:x1] - cx, yy[y0:y1, x0:x1] - cy, radius, rng.uniform(0, 2 * math.pi), rng
+        )
         colour = rng.uniform(0, 255, 3)
         # Keep the object visible against the background under it.
         if np.abs(colour - image[int(cy), int(cx)]).sum() < 150:

@@ -57,7 +57,9 @@ def wandb_mode(configured: str | None) -> str:
     if mode == "dryrun":
         mode = "offline"
     if mode not in WANDB_MODES:
-        raise ValueError(f"logger.mode / WANDB_MODE={mode!r} is unknown; choose one of {WANDB_MODES}")
+        raise ValueError(
+            f"logger.mode / WANDB_MODE={mode!r} is unknown; choose one of {WANDB_MODES}"
+        )
     if mode == "online" and not _has_api_key():
         warnings.warn(
             "W&B: WANDB_MODE=online but no API key (WANDB_API_KEY or `wandb login`); "
@@ -122,8 +124,9 @@ class WandbLogger:
             except Exception as error:
                 warnings.warn(
                     f"W&B: could not start a {attempt_mode} run ({type(error).__name__}: "
-                    f"{error}); trying offline" if attempt_mode != "offline" else
-                    f"W&B: could not start an offline run ({error}); not logging to W&B",
+                    f"{error}); trying offline"
+                    if attempt_mode != "offline"
+                    else f"W&B: could not start an offline run ({error}); not logging to W&B",
                     stacklevel=2,
                 )
                 continue

@@ -25,7 +25,7 @@ RRC_RATIO = (3.0 / 4.0, 4.0 / 3.0)
 
 def val_resize_size(size: int) -> int:
     """Short side before the centre crop: 256 for 224, in proportion otherwise."""
-    return int(math.floor(size * 256 / 224))
+    return (size * 256) // 224
 
 
 def load_rgb(path: str) -> Image.Image:
@@ -99,18 +99,23 @@ def sample_rrc_boxes(
 
     # Fallback: the whole image, cropped to the nearest allowed aspect ratio.
     in_ratio = widths / heights
-    fb_w = torch.where(in_ratio < ratio[0], widths, torch.where(
-        in_ratio > ratio[1], torch.round(heights * ratio[1]), widths))
+    fb_w = torch.where(
+        in_ratio < ratio[0],
+        widths,
+        torch.where(in_ratio > ratio[1], torch.round(heights * ratio[1]), widths),
+    )
     fb_h = torch.where(in_ratio < ratio[0], torch.round(widths / ratio[0]), heights)
     rows = torch.arange(n)
     pick = first.clamp(min=0)
     box_w = torch.where(first >= 0, w[rows, pick], fb_w)
     box_h = torch.where(first >= 0, h[rows, pick], fb_h)
     u = torch.rand(n, 2, dtype=torch.float64, generator=generator)
-    top = torch.where(first >= 0, torch.floor(u[:, 0] * (heights - box_h + 1)),
-                      torch.floor((heights - box_h) / 2))
-    left = torch.where(first >= 0, torch.floor(u[:, 1] * (widths - box_w + 1)),
-                       torch.floor((widths - box_w) / 2))
+    top = torch.where(
+        first >= 0, torch.floor(u[:, 0] * (heights - box_h + 1)), torch.floor((heights - box_h) / 2)
+    )
+    left = torch.where(
+        first >= 0, torch.floor(u[:, 1] * (widths - box_w + 1)), torch.floor((widths - box_w) / 2)
+    )
     return torch.stack([top, left, box_h, box_w], dim=1).to(torch.int64)
 
 
@@ -137,8 +142,14 @@ def resized_crop_batch(
         [torch.arange(n, device=images.device, dtype=torch.float32), left, top, left + w, top + h],
         dim=1,
     )
-    out = roi_align(images.float(), rois, output_size=(size, size), spatial_scale=1.0,
-                    sampling_ratio=-1, aligned=True)
+    out = roi_align(
+        images.float(),
+        rois,
+        output_size=(size, size),
+        spatial_scale=1.0,
+        sampling_ratio=-1,
+        aligned=True,
+    )
     if flips is not None:
         flips = flips.to(images.device)
         out = torch.where(flips[:, None, None, None], out.flip(-1), out)
@@ -175,17 +186,22 @@ def resized_crop_batch_uint8(
 
 
 def crop_resize_flip_batch(
-    images: torch.Tensor, boxes: torch.Tensor, size: int, flips: torch.Tensor | None = None
+    images: torch.Tensor,
+    boxes: torch.Tensor,
+    size: int,
+    flips: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The batched random-resized crop and flip with the fastest kernel for where images are.
 
     uint8 on the CPU: ``resized_crop_batch_uint8``; anywhere else (a GPU, float images):
-    ``resized_crop_batch`` (one roi_align call). Both return uint8 NCHW ``size`` x ``size``;
-    they agree to within a few grey levels, not bit for bit.
+    ``resized_crop_batch`` (one roi_align call). Both return uint8 NCHW ``size`` x ``size``
+    (in ``out`` when given); they agree to within a few grey levels, not bit for bit.
     """
     if images.device.type == "cpu" and images.dtype == torch.uint8:
-        return resized_crop_batch_uint8(images, boxes, size, flips)
-    return resized_crop_batch(images, boxes, size, flips)
+        return resized_crop_batch_uint8(images, boxes, size, flips, out=out)
+    result = resized_crop_batch(images, boxes, size, flips)
+    return result if out is None else out.copy_(result)
 
 
 def batch_generator(seed: int, epoch: int, rank: int, batch: int) -> torch.Generator:

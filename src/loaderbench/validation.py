@@ -42,12 +42,21 @@ def validate_config(cfg: DictConfig) -> None:
         (cfg.loader.prefetch >= 1, "loader.prefetch must be >= 1", cfg.loader.prefetch),
         (cfg.image_size is None or cfg.image_size >= 8, "image_size must be >= 8", cfg.image_size),
         (cfg.epochs >= 1, "epochs must be >= 1", cfg.epochs),
-        (cfg.bench.warmup_batches >= 0, "bench.warmup_batches must be >= 0",
-         cfg.bench.warmup_batches),
-        (cfg.bench.max_batches is None or cfg.bench.max_batches >= 1,
-         "bench.max_batches must be >= 1 or null", cfg.bench.max_batches),
-        (cfg.dataset.on_error in ON_ERROR, f"dataset.on_error must be one of {ON_ERROR}",
-         cfg.dataset.on_error),
+        (
+            cfg.bench.warmup_batches >= 0,
+            "bench.warmup_batches must be >= 0",
+            cfg.bench.warmup_batches,
+        ),
+        (
+            cfg.bench.max_batches is None or cfg.bench.max_batches >= 1,
+            "bench.max_batches must be >= 1 or null",
+            cfg.bench.max_batches,
+        ),
+        (
+            cfg.dataset.on_error in ON_ERROR,
+            f"dataset.on_error must be one of {ON_ERROR}",
+            cfg.dataset.on_error,
+        ),
     ]
     for ok, message, value in checks:
         if not ok:

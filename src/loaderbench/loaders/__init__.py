@@ -31,5 +31,12 @@ def build_loader(name: str, spec: LoaderSpec) -> Loader:
     return LOADERS[name](spec)
 
 
-__all__ = ["LOADERS", "Batch", "Loader", "LoaderSpec", "build_loader", "loader_spec",
-           "register_loader"]
+__all__ = [
+    "LOADERS",
+    "Batch",
+    "Loader",
+    "LoaderSpec",
+    "build_loader",
+    "loader_spec",
+    "register_loader",
+]

@@ -72,7 +72,7 @@ class Loader(abc.ABC):
         """Loader-specific numbers for metrics.json (``skipped_files`` at least)."""
         return {"skipped_files": 0}
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - most loaders hold something to release
         """Release workers, threads and files. Safe to call twice."""
 
     def __enter__(self) -> Loader:
@@ -127,8 +127,15 @@ def shard_batches(
 
 
 def batches_per_epoch(spec: LoaderSpec) -> int:
-    n = len(shard_indices(torch.arange(len(spec.split)), spec.batch_size, spec.drop_last,
-                          spec.rank, spec.world_size))
+    n = len(
+        shard_indices(
+            torch.arange(len(spec.split)),
+            spec.batch_size,
+            spec.drop_last,
+            spec.rank,
+            spec.world_size,
+        )
+    )
     return -(-n // spec.batch_size)
 
 
@@ -142,8 +149,15 @@ def to_device(batch: Batch, device: torch.device, non_blocking: bool) -> Batch:
     )
 
 
-def loader_spec(cfg: DictConfig, split: Split, *, train: bool, device: torch.device,
-                rank: int = 0, world_size: int = 1) -> LoaderSpec:
+def loader_spec(
+    cfg: DictConfig,
+    split: Split,
+    *,
+    train: bool,
+    device: torch.device,
+    rank: int = 0,
+    world_size: int = 1,
+) -> LoaderSpec:
     """A LoaderSpec from a run's config; the loader-specific keys travel in ``options``."""
     shared = {"name", "batch_size", "num_workers", "prefetch", "pin_memory"}
     loader_cfg = cfg.loader

@@ -81,10 +81,9 @@ class BufferPool:
 
     _use_count = getattr(torch._C, "_storage_Use_Count", None)
 
-    def __init__(self, shape: tuple[int, ...], capacity: int, channels_last: bool) -> None:
-        self.shape = shape  # (batch, *image) as stored: NHWC when channels_last
+    def __init__(self, shape: tuple[int, ...], capacity: int) -> None:
+        self.shape = shape  # (batch size, *one image)
         self.capacity = capacity
-        self.channels_last = channels_last
         self._buffers: list[torch.Tensor] = []
         self._lock = threading.Lock()
 
@@ -93,22 +92,18 @@ class BufferPool:
         # The buffer itself and the temporary storage object: nobody else.
         return self._use_count(buffer.untyped_storage()._cdata) <= 2
 
-    def _view(self, buffer: torch.Tensor, rows: int) -> torch.Tensor:
-        view = buffer[:rows]
-        return view.permute(0, 3, 1, 2) if self.channels_last else view
-
     def take(self, rows: int) -> torch.Tensor:
-        """A (rows, ...) uint8 tensor nobody else holds: NCHW, channels-last when so stored."""
+        """A (rows, ...) uint8 tensor that nobody else holds."""
         if self._use_count is None:
-            return self._view(torch.empty(self.shape, dtype=torch.uint8), rows)
+            return torch.empty((rows, *self.shape[1:]), dtype=torch.uint8)
         with self._lock:  # the view made under the lock marks the buffer taken
             for buffer in self._buffers:
                 if self._free(buffer):
-                    return self._view(buffer, rows)
+                    return buffer[:rows]
             buffer = torch.empty(self.shape, dtype=torch.uint8)
             if len(self._buffers) < self.capacity:
                 self._buffers.append(buffer)
-            return self._view(buffer, rows)
+            return buffer[:rows]
 
 
 @register_loader("memmap")
@@ -156,9 +151,9 @@ class MemmapLoader(Loader):
         # Enough buffers for the batches in flight, the one the caller holds, and one spare.
         capacity = spec.prefetch * max(1, spec.num_workers) + 2
         stored = (spec.batch_size, *self._images.shape[1:])
-        self._gather_pool = BufferPool(stored, capacity, self.policy.channels_last)
+        self._gather_pool = BufferPool(stored, capacity)
         size = spec.image_size
-        self._crop_pool = BufferPool((spec.batch_size, size, size, 3), capacity, True)
+        self._crop_pool = BufferPool((spec.batch_size, size, size, 3), capacity)
 
     def __len__(self) -> int:
         return batches_per_epoch(self.spec)
@@ -186,27 +181,24 @@ class MemmapLoader(Loader):
                 return None
         n = len(indices)
         if self.spec.use_pinned_memory:  # torch's pinned-memory cache recycles these
-            stored = torch.empty((n, *self._images.shape[1:]), dtype=torch.uint8, pin_memory=True)
+            rows = torch.empty((n, *self._images.shape[1:]), dtype=torch.uint8, pin_memory=True)
             labels = torch.empty(n, dtype=torch.int64, pin_memory=True)
             torch.index_select(self._labels, 0, indices, out=labels)
         else:
-            stored = self._gather_pool.take(n)
+            rows = self._gather_pool.take(n)
             labels = self._labels[indices]
         # numpy's take: one memcpy per row, GIL released, single-threaded. torch.index_select
         # does the same work but through intra-op threads, which on a busy machine wait on each
         # other (2-10x slower when the cores are shared); mode="clip" writes straight to `out`.
-        target = stored.permute(0, 2, 3, 1) if self.policy.channels_last else stored
-        np.take(self._images_np, indices.numpy(), axis=0, out=target.numpy(), mode="clip")
-        if self.policy.channels_last and stored.shape[0] == n:
-            images = stored  # NCHW view of the channels-last rows
-        else:
-            images = stored.permute(0, 3, 1, 2) if self.policy.channels_last else stored
+        np.take(self._images_np, indices.numpy(), axis=0, out=rows.numpy(), mode="clip")
+        # Train rows are stored channels-last: this is an NCHW view of them, not a copy.
+        images = rows.permute(0, 3, 1, 2) if self.policy.channels_last else rows
         if not self.spec.train:
             return _Gathered(images, labels)
         boxes, flips = self.augmentation(epoch, batch, indices)
         if self._crop_on_device:
             return _Gathered(images, labels, boxes, flips)
-        out = self._crop_pool.take(n)
+        out = self._crop_pool.take(n).permute(0, 3, 1, 2)
         crop_resize_flip_batch(images, boxes, self.spec.image_size, flips, out=out)
         return _Gathered(out, labels)
 
