@@ -140,6 +140,15 @@ class BenchConfig:
 
 
 @dataclass
+class AugmentConfig:
+    """The train pipeline's random-resized crop (the same in every loader)."""
+
+    # Area fraction and aspect-ratio range of the crop; ImageNet's defaults.
+    scale: list[float] = field(default_factory=lambda: [0.08, 1.0])
+    ratio: list[float] = field(default_factory=lambda: [0.75, 1.3333333333333333])
+
+
+@dataclass
 class TrainLoopConfig:
     label_smoothing: float = 0.1
     grad_clip: float | None = None
@@ -165,6 +174,7 @@ class RunConfig:
     logger: Any = MISSING
     optim: OptimConfig = field(default_factory=OptimConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    augment: AugmentConfig = field(default_factory=AugmentConfig)
     train: TrainLoopConfig = field(default_factory=TrainLoopConfig)
     bench: BenchConfig = field(default_factory=BenchConfig)
 

@@ -1,9 +1,10 @@
 """Decode functions of the spdl loader, by name: ``ffmpeg``, ``turbo`` and ``nvjpeg``.
 
-SPDL's pipeline does not care which decoder a stage calls, as long as the call releases the GIL:
-each decode stage runs ``loader.num_workers`` calls at once in a thread pool, so the heavy parts
-(file read, entropy decoding, colour conversion, resizing) must run in C/C++ without the GIL.
-All three do (measured: a Python thread keeps running at full speed beside them):
+SPDL's pipeline does not care which decoder its decode stage calls, as long as the call releases
+the GIL: the stage runs ``loader.num_workers`` batch decodes at once in a thread pool, so the
+heavy parts (file read, entropy decoding, colour conversion, resizing) must run in C/C++ without
+the GIL. All three do (measured: a Python thread keeps running at full speed beside a 4000x3000
+decode or resize in another thread, its longest stall ~12-20 ms against 70-500 ms calls):
 
 * ``ffmpeg``: ``spdl.io.demux_image`` + ``spdl.io.decode_packets`` with an FFmpeg filter graph
   that does the whole geometry in one pass (crop, scale, flip, RGB conversion). FFmpeg's JPEG
@@ -40,6 +41,10 @@ Geometry, the same for every decoder and equal to the torchvision reference:
 from __future__ import annotations
 
 import abc
+import contextlib
+import ctypes
+import functools
+import re
 import threading
 import warnings
 from collections.abc import Callable, Sequence
@@ -49,20 +54,28 @@ from typing import ClassVar, NamedTuple
 import torch
 import torch.nn.functional as F
 
-from loaderbench.transforms import sample_flips, sample_rrc_boxes, val_resize_size
+from loaderbench.transforms import (
+    RRC_RATIO,
+    RRC_SCALE,
+    sample_flips,
+    sample_rrc_boxes,
+    val_resize_size,
+)
 
 # torchvision 0.29 deprecates its image codecs in favour of TorchCodec; they are still the
 # libjpeg-turbo and nvJPEG bindings we want, so keep the warning out of every decode.
 warnings.filterwarnings(
-    "ignore", message="The image decoding and encoding capabilities of TorchVision",
+    "ignore",
+    message="The image decoding and encoding capabilities of TorchVision",
     category=DeprecationWarning,
 )
 
 JPEG_MAGIC = b"\xff\xd8\xff"
 
-# FFmpeg's scaler: bilinear with area-aware shrinking like PIL's; full-resolution chroma and
-# accurate rounding bring its colours closest to libjpeg's (mean |diff| ~0.9 instead of ~1.3).
-FFMPEG_SCALE_FLAGS = "bilinear+accurate_rnd+full_chroma_int"
+# FFmpeg's scaler: bilinear, widened when shrinking like PIL's antialiased filter. Interpolating
+# chroma at full resolution brings its colours closer to libjpeg's (mean |diff| from PIL's
+# 0.92 grey levels instead of 1.30, measured) for ~6% more decode time.
+FFMPEG_SCALE_FLAGS = "bilinear+full_chroma_int"
 # Fail on a damaged stream (truncated file) instead of returning a half-grey image; PIL and
 # libjpeg-turbo refuse those too.
 FFMPEG_DECODER_OPTIONS = {"err_detect": "explode"}
@@ -138,10 +151,19 @@ def val_plan(height: int, width: int, size: int) -> Plan:
     return Plan(box=(0, 0, height, width), resize=(new_h, new_w), crop=(top, left, size, size))
 
 
-def train_plan(height: int, width: int, size: int, seed: int) -> Plan:
+def train_plan(
+    height: int,
+    width: int,
+    size: int,
+    seed: int,
+    scale: tuple[float, float] = RRC_SCALE,
+    ratio: tuple[float, float] = RRC_RATIO,
+) -> Plan:
     """A random-resized crop box and flip from the shared sampler, seeded per image."""
     generator = torch.Generator().manual_seed(seed)
-    box = sample_rrc_boxes(torch.tensor([height]), torch.tensor([width]), generator)[0]
+    box = sample_rrc_boxes(
+        torch.tensor([height]), torch.tensor([width]), generator, scale=scale, ratio=ratio
+    )[0]
     flip = bool(sample_flips(1, generator)[0])
     top, left, h, w = (int(v) for v in box.tolist())
     return Plan(box=(top, left, h, w), resize=(size, size), flip=flip)
@@ -149,12 +171,16 @@ def train_plan(height: int, width: int, size: int, seed: int) -> Plan:
 
 @dataclass(frozen=True)
 class Geometry:
+    """The output size, and for training the random-resized crop's ranges."""
+
     size: int
     train: bool
+    scale: tuple[float, float] = RRC_SCALE
+    ratio: tuple[float, float] = RRC_RATIO
 
     def plan(self, height: int, width: int, seed: int) -> Plan:
         if self.train:
-            return train_plan(height, width, self.size, seed)
+            return train_plan(height, width, self.size, seed, self.scale, self.ratio)
         return val_plan(height, width, self.size)
 
 
@@ -171,10 +197,12 @@ def resize_uint8(image: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
     if tuple(image.shape[-2:]) == size:
         return image
     if image.device.type == "cpu":
-        return F.interpolate(image[None], size=size, mode="bilinear", antialias=True,
-                             align_corners=False)[0]
-    out = F.interpolate(image[None].float(), size=size, mode="bilinear", antialias=True,
-                        align_corners=False)[0]
+        return F.interpolate(
+            image[None], size=size, mode="bilinear", antialias=True, align_corners=False
+        )[0]
+    out = F.interpolate(
+        image[None].float(), size=size, mode="bilinear", antialias=True, align_corners=False
+    )[0]
     return out.round_().clamp_(0, 255).to(torch.uint8)
 
 
@@ -206,6 +234,48 @@ def ffmpeg_filter(plan: Plan, height: int, width: int) -> str:
         parts.append("hflip")
     parts.append("format=pix_fmts=rgb24")
     return ",".join(parts)
+
+
+# ---------------------------------------------------------------------------------------------
+# Threads.
+
+_THREAD = threading.local()
+
+
+@functools.cache
+def _openmp_runtime() -> ctypes.CDLL | None:
+    """The OpenMP runtime torch loaded (libgomp / libiomp / libomp), if we can find it."""
+    try:
+        with open("/proc/self/maps") as maps:
+            paths = sorted(
+                {
+                    line.split()[-1]
+                    for line in maps
+                    if re.search(r"lib(gomp|iomp5|omp)[^/]*\.so", line)
+                }
+            )
+        return ctypes.CDLL(paths[0]) if paths else None
+    except (OSError, IndexError):
+        return None
+
+
+def serial_torch_in_this_thread() -> None:
+    """Run torch ops called from this pool thread on one core.
+
+    The pipeline's parallelism is its threads: a torch op (resize, stack) that also splits
+    itself over torch's intra-op OpenMP team makes num_workers x intra-op threads fight over
+    the cores, and on a busy machine one parallel region waits for a descheduled teammate
+    (a 0.6 ms stack took 400 ms here). ``torch.set_num_threads(1)`` would also change the
+    default of every later thread in the process, so only this thread's OpenMP setting is
+    changed, after torch has initialised it.
+    """
+    if getattr(_THREAD, "serial", False):
+        return
+    _THREAD.serial = True
+    torch.get_num_threads()  # torch initialises this thread's OpenMP setting on first use
+    runtime = _openmp_runtime()
+    if runtime is not None and torch.__config__.parallel_info().find("OpenMP") >= 0:
+        runtime.omp_set_num_threads(1)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -329,8 +399,11 @@ class FFmpegDecoder(ImageDecoder):
         packets = io.demux_image(sample.path)
         codec = packets.codec
         plan = self.geometry.plan(codec.height, codec.width, sample.seed)
-        frames = io.decode_packets(packets, filter_desc=ffmpeg_filter(plan, codec.height,
-                                   codec.width), decode_config=self._decode_config)
+        frames = io.decode_packets(
+            packets,
+            filter_desc=ffmpeg_filter(plan, codec.height, codec.width),
+            decode_config=self._decode_config,
+        )
         try:
             hwc = io.to_torch(io.convert_frames(frames))
         except Exception as error:  # no frame came out: a damaged stream
@@ -345,8 +418,10 @@ class FFmpegDecoder(ImageDecoder):
             try:
                 image = decode_generic(read_bytes(sample.path), sample.path)
             except Exception as error:
-                return Failure(sample.path, f"FFmpeg: {_first_line(ffmpeg_error)}; "
-                                            f"fallback: {_first_line(error)}")
+                return Failure(
+                    sample.path,
+                    f"FFmpeg: {_first_line(ffmpeg_error)}; fallback: {_first_line(error)}",
+                )
             plan = self.geometry.plan(image.shape[-2], image.shape[-1], sample.seed)
             return Decoded(apply_plan(image, plan), sample.label)
 
@@ -385,7 +460,10 @@ class NvjpegDecoder(ImageDecoder):
             return batch.failures[0]
         return Decoded(batch.images[0], int(batch.labels[0]))
 
-    def _stream(self) -> torch.cuda.Stream:
+    def _stream(self) -> torch.cuda.Stream | None:
+        """This thread's CUDA stream (None off the GPU: the tests run this logic on the CPU)."""
+        if self.device.type != "cuda":
+            return None
         if not hasattr(self._local, "stream"):
             self._local.stream = torch.cuda.Stream(self.device)
         return self._local.stream
@@ -414,7 +492,7 @@ class NvjpegDecoder(ImageDecoder):
         images: list[torch.Tensor] = []
         labels: list[int] = []
         stream = self._stream()
-        with torch.cuda.stream(stream):
+        with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
             decoded = self._decode_gpu(encoded) if encoded else []
             for item, image in zip(encoded, decoded, strict=True):
                 if isinstance(image, BaseException):
@@ -427,10 +505,14 @@ class NvjpegDecoder(ImageDecoder):
                 if isinstance(item, Decoded):
                     images.append(item.image.to(self.device))
                     labels.append(item.label)
-            batch = (torch.stack(images) if images else
-                     torch.empty((0, 3, size, size), dtype=torch.uint8, device=self.device))
+            batch = (
+                torch.stack(images)
+                if images
+                else torch.empty((0, 3, size, size), dtype=torch.uint8, device=self.device)
+            )
             label_tensor = torch.tensor(labels, dtype=torch.int64).to(self.device)
-        stream.synchronize()
+        if stream is not None:
+            stream.synchronize()
         return DecodedBatch(batch, label_tensor, failures)
 
 
@@ -471,7 +553,20 @@ def build_decoder(name: str, geometry: Geometry, device: torch.device) -> ImageD
 
 
 __all__ = [
-    "DECODERS", "Decoded", "DecodedBatch", "Encoded", "Failure", "Geometry", "ImageDecoder",
-    "Plan", "Sample", "apply_plan", "build_decoder", "ffmpeg_filter", "image_seed",
-    "register_decoder", "train_plan", "val_plan",
+    "DECODERS",
+    "Decoded",
+    "DecodedBatch",
+    "Encoded",
+    "Failure",
+    "Geometry",
+    "ImageDecoder",
+    "Plan",
+    "Sample",
+    "apply_plan",
+    "build_decoder",
+    "ffmpeg_filter",
+    "image_seed",
+    "register_decoder",
+    "train_plan",
+    "val_plan",
 ]

@@ -36,11 +36,15 @@ def load_rgb(path: str) -> Image.Image:
     return image.convert("RGB")
 
 
-def pil_train_transform(size: int) -> v2.Compose:
+def pil_train_transform(
+    size: int,
+    scale: tuple[float, float] = RRC_SCALE,
+    ratio: tuple[float, float] = RRC_RATIO,
+) -> v2.Compose:
     """The per-image train pipeline of the torchvision loader (PIL in, uint8 CHW out)."""
     return v2.Compose(
         [
-            v2.RandomResizedCrop(size, scale=RRC_SCALE, ratio=RRC_RATIO, antialias=True),
+            v2.RandomResizedCrop(size, scale=scale, ratio=ratio, antialias=True),
             v2.RandomHorizontalFlip(),
             v2.PILToTensor(),
         ]

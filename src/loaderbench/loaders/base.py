@@ -17,6 +17,7 @@ import torch
 from omegaconf import DictConfig
 
 from loaderbench.data import Split
+from loaderbench.transforms import RRC_RATIO, RRC_SCALE
 
 
 class Batch(NamedTuple):
@@ -37,6 +38,9 @@ class LoaderSpec:
     num_workers: int = 2
     prefetch: int = 2
     pin_memory: bool = True
+    # The train pipeline's random-resized crop: area fraction and aspect-ratio ranges.
+    rrc_scale: tuple[float, float] = RRC_SCALE
+    rrc_ratio: tuple[float, float] = RRC_RATIO
     # Data-parallel sharding: this process reads only its share of every epoch.
     rank: int = 0
     world_size: int = 1
@@ -149,6 +153,13 @@ def to_device(batch: Batch, device: torch.device, non_blocking: bool) -> Batch:
     )
 
 
+def _pair(values: Any, key: str) -> tuple[float, float]:
+    low, high = (float(v) for v in values)
+    if not 0 < low <= high:
+        raise ValueError(f"{key} must be two numbers 0 < low <= high, got {list(values)}")
+    return low, high
+
+
 def loader_spec(
     cfg: DictConfig,
     split: Split,
@@ -177,6 +188,8 @@ def loader_spec(
         num_workers=loader_cfg.num_workers,
         prefetch=loader_cfg.prefetch,
         pin_memory=loader_cfg.pin_memory,
+        rrc_scale=_pair(cfg.augment.scale, "augment.scale"),
+        rrc_ratio=_pair(cfg.augment.ratio, "augment.ratio"),
         rank=rank,
         world_size=world_size,
         options={k: v for k, v in loader_cfg.items() if k not in shared},

@@ -169,8 +169,15 @@ class MemmapLoader(Loader):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Crop boxes ``(top, left, h, w)`` and flips for one train batch, from the seed alone:
         the same numbers whichever thread prepares the batch, and on every rerun."""
-        generator = batch_generator(self.spec.seed, epoch, self.spec.rank, batch)
-        boxes = sample_rrc_boxes(self._heights[indices], self._widths[indices], generator)
+        spec = self.spec
+        generator = batch_generator(spec.seed, epoch, spec.rank, batch)
+        boxes = sample_rrc_boxes(
+            self._heights[indices],
+            self._widths[indices],
+            generator,
+            scale=spec.rrc_scale,
+            ratio=spec.rrc_ratio,
+        )
         return boxes, sample_flips(len(indices), generator)
 
     def _gather(self, epoch: int, batch: int, indices: torch.Tensor) -> _Gathered | None:

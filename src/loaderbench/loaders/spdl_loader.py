@@ -34,7 +34,6 @@ by the stages after them.
 
 from __future__ import annotations
 
-import ctypes
 import functools
 import logging
 import re
@@ -63,6 +62,7 @@ from loaderbench.decoders import (
     Sample,
     build_decoder,
     image_seed,
+    serial_torch_in_this_thread,
 )
 from loaderbench.loaders.base import (
     Batch,
@@ -177,8 +177,14 @@ def summarize(totals: dict[str, StageTotals]) -> dict[str, float]:
 class RecordingQueue(StatsQueue):
     """SPDL's StatsQueue, also handing its reports to a PipelineStats."""
 
-    def __init__(self, info: StageInfo, *, buffer_size: int = 1, interval: float = -1,
-                 recorder: PipelineStats) -> None:
+    def __init__(
+        self,
+        info: StageInfo,
+        *,
+        buffer_size: int = 1,
+        interval: float = -1,
+        recorder: PipelineStats,
+    ) -> None:
         super().__init__(info, buffer_size=buffer_size, interval=interval)
         self._recorder = recorder
 
@@ -224,38 +230,6 @@ def recording_hooks(
 
 T = TypeVar("T")
 U = TypeVar("U")
-_THREAD = threading.local()
-
-
-@functools.cache
-def _openmp_runtime() -> ctypes.CDLL | None:
-    """The OpenMP runtime torch loaded (libgomp / libiomp / libomp), if we can find it."""
-    try:
-        with open("/proc/self/maps") as maps:
-            paths = sorted({line.split()[-1] for line in maps
-                            if re.search(r"lib(gomp|iomp5|omp)[^/]*\.so", line)})
-        return ctypes.CDLL(paths[0]) if paths else None
-    except (OSError, IndexError):
-        return None
-
-
-def serial_torch_in_this_thread() -> None:
-    """Run torch ops called from this pool thread on one core.
-
-    The pipeline's parallelism is its threads: a torch op (resize, stack) that also splits
-    itself over torch's intra-op OpenMP team makes num_workers x intra-op threads fight over
-    the cores, and on a busy machine one parallel region waits for a descheduled teammate
-    (a 0.6 ms stack took 400 ms here). ``torch.set_num_threads(1)`` would also change the
-    default of every later thread in the process, so only this thread's OpenMP setting is
-    changed, after torch has initialised it.
-    """
-    if getattr(_THREAD, "serial", False):
-        return
-    _THREAD.serial = True
-    torch.get_num_threads()  # torch initialises this thread's OpenMP setting on first use
-    runtime = _openmp_runtime()
-    if runtime is not None and torch.__config__.parallel_info().find("OpenMP") >= 0:
-        runtime.omp_set_num_threads(1)
 
 
 def in_pool_thread(fn: Callable[[T], U]) -> Callable[[T], U]:
@@ -294,15 +268,18 @@ class CudaTransfer:
         return DecodedBatch(images, labels, batch.failures)
 
 
-def epoch_samples(spec: LoaderSpec, epoch: int) -> list[Sample]:
-    """This rank's images of an epoch, in the order every loader shares."""
+def epoch_samples(spec: LoaderSpec, epoch: int) -> Iterator[Sample]:
+    """This rank's images of an epoch, in the order every loader shares.
+
+    A generator (SPDL iterates it on its source thread), so an ImageNet-sized epoch is never
+    held as a million Python objects at once.
+    """
     split = spec.split
     order = epoch_permutation(len(split), spec.seed, epoch, shuffle=spec.train)
     mine = shard_indices(order, spec.batch_size, spec.drop_last, spec.rank, spec.world_size)
-    return [
-        Sample(i, split.paths[i], split.labels[i], image_seed(spec.seed, epoch, i))
-        for i in mine.tolist()
-    ]
+    for chunk in torch.split(mine, 4096):
+        for i in chunk.tolist():
+            yield Sample(i, split.paths[i], split.labels[i], image_seed(spec.seed, epoch, i))
 
 
 @dataclass(frozen=True)
@@ -335,9 +312,8 @@ class SpdlLoader(Loader):
         super().__init__(spec)
         self.options = SpdlOptions.from_spec(spec)
         # Fails here, before any thread starts, for an unknown decoder or nvjpeg without CUDA.
-        self.decoder: ImageDecoder = build_decoder(
-            self.options.decoder, Geometry(spec.image_size, spec.train), spec.device
-        )
+        geometry = Geometry(spec.image_size, spec.train, spec.rrc_scale, spec.rrc_ratio)
+        self.decoder: ImageDecoder = build_decoder(self.options.decoder, geometry, spec.device)
         self.decode_threads = max(1, spec.num_workers)
         self.recorder = PipelineStats()
         self.skipped_files = 0
@@ -357,8 +333,12 @@ class SpdlLoader(Loader):
             PipelineBuilder()
             .add_source(epoch_samples(spec, epoch))
             .aggregate(spec.batch_size, drop_last=spec.drop_last)
-            .pipe(in_pool_thread(self._decode), concurrency=self.decode_threads, name="decode",
-                  output_order="input")
+            .pipe(
+                in_pool_thread(self._decode),
+                concurrency=self.decode_threads,
+                name="decode",
+                output_order="input",
+            )
         )
         if spec.device.type == "cuda":
             builder = builder.pipe(in_pool_thread(CudaTransfer(spec.device)), name="transfer")
@@ -415,8 +395,12 @@ class SpdlLoader(Loader):
                 self._pipeline = None
             summary = self.recorder.end_epoch()
             if summary:
-                log.info("spdl %s epoch %d: %s", "train" if self.spec.train else "val", epoch,
-                         ", ".join(f"{k[5:]}={v:g}" for k, v in summary.items()))
+                log.info(
+                    "spdl %s epoch %d: %s",
+                    "train" if self.spec.train else "val",
+                    epoch,
+                    ", ".join(f"{k[5:]}={v:g}" for k, v in summary.items()),
+                )
 
     def stats(self) -> dict[str, Any]:
         return {

@@ -93,7 +93,11 @@ class EpochSampler(Sampler[int]):
 class TorchvisionLoader(Loader):
     def __init__(self, spec: LoaderSpec) -> None:
         super().__init__(spec)
-        transform = (pil_train_transform if spec.train else pil_val_transform)(spec.image_size)
+        transform = (
+            pil_train_transform(spec.image_size, spec.rrc_scale, spec.rrc_ratio)
+            if spec.train
+            else pil_val_transform(spec.image_size)
+        )
         skip = spec.options.get("on_error", "skip") == "skip"
         self.sampler = EpochSampler(spec)
         workers = spec.num_workers

@@ -1,0 +1,264 @@
+"""This machine's CPU decode limit: the yardstick for a loader's validation throughput.
+
+The limit is the number of usable cores times the single-core rate of the fastest CPU JPEG
+decode + resize available here, each candidate doing the whole val job for one image (read the
+file, decode, resize the short side, crop the centre) on one thread:
+
+* ``pil``: PIL (libjpeg-turbo inside) + torchvision's per-image val transform, what the
+  torchvision loader's workers do;
+* ``turbo``: libjpeg-turbo through ``torchvision.io.decode_jpeg`` + a uint8 antialiased resize
+  (the spdl loader's default decoder);
+* ``ffmpeg``: FFmpeg through ``spdl.io`` with a filter graph (the spdl loader's ``ffmpeg``).
+
+A loader cannot beat cores x the best rate without a cheaper decode (for instance decoding
+at reduced scale), so ``loader images/s / limit`` says how much of the machine the loader turns
+into images; ``efficiency`` says the same per CPU second, which holds up better on a shared
+machine (other processes take wall time from both measurements unequally).
+
+``python -m loaderbench.bench_limits [--root DIR] [--image-size 224] [METRICS_JSON ...]`` prints
+the candidates, the limit and, for each ``metrics.json`` of a ``model=none`` eval run, the ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+DecodeFn = Callable[[str], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class DecodeRate:
+    """One candidate's single-thread rate (best of the repeats)."""
+
+    name: str
+    images: int
+    wall_s: float
+    cpu_s: float
+
+    @property
+    def images_per_s(self) -> float:
+        return self.images / self.wall_s if self.wall_s > 0 else 0.0
+
+    @property
+    def images_per_cpu_s(self) -> float:
+        return self.images / self.cpu_s if self.cpu_s > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class DecodeLimit:
+    cores: int
+    image_size: int
+    rates: tuple[DecodeRate, ...]
+
+    @property
+    def best(self) -> DecodeRate:
+        return max(self.rates, key=lambda rate: rate.images_per_s)
+
+    @property
+    def images_per_s(self) -> float:
+        """cores x the fastest candidate's single-core rate."""
+        return self.cores * self.best.images_per_s
+
+    @property
+    def best_images_per_cpu_s(self) -> float:
+        return max(rate.images_per_cpu_s for rate in self.rates)
+
+    def ratio(self, images_per_s: float) -> float:
+        """A loader's share of the limit (1.0 = every core decoding with the best decoder)."""
+        return images_per_s / self.images_per_s if self.images_per_s else 0.0
+
+    def efficiency(self, cpu_s_per_1k_images: float) -> float:
+        """Images per CPU second of a loader (whole process tree) over the best candidate's."""
+        if not cpu_s_per_1k_images or not self.best_images_per_cpu_s:
+            return 0.0
+        return (1000.0 / cpu_s_per_1k_images) / self.best_images_per_cpu_s
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "cores": self.cores,
+            "image_size": self.image_size,
+            "best": self.best.name,
+            "limit_images_per_s": self.images_per_s,
+            "rates": [
+                {
+                    **asdict(r),
+                    "images_per_s": r.images_per_s,
+                    "images_per_cpu_s": r.images_per_cpu_s,
+                }
+                for r in self.rates
+            ],
+        }
+
+
+def usable_cores() -> int:
+    """Cores this process may run on (its affinity mask, not the machine's count)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def candidates(image_size: int) -> dict[str, DecodeFn]:
+    """The val job for one file -> uint8 CHW, per available decoder."""
+    from loaderbench.decoders import FFmpegDecoder, Geometry, Sample, TurboDecoder
+    from loaderbench.transforms import load_rgb, pil_val_transform
+
+    pil_transform = pil_val_transform(image_size)
+    geometry = Geometry(image_size, train=False)
+    cpu = torch.device("cpu")
+    fns: dict[str, DecodeFn] = {"pil": lambda path: pil_transform(load_rgb(path))}
+    for decoder_class in (TurboDecoder, FFmpegDecoder):
+        try:
+            decoder = decoder_class(geometry, cpu)
+        except Exception:  # e.g. FFmpeg's libraries missing: not available here
+            continue
+
+        def decode(path: str, decoder: Any = decoder) -> torch.Tensor:
+            item = decoder.load(Sample(0, path, 0, 0))
+            if not hasattr(item, "image"):
+                raise OSError(f"{decoder.name} cannot decode {path}: {item.error}")
+            return item.image
+
+        fns[decoder_class.name] = decode
+    return fns
+
+
+def time_single_thread(
+    fn: DecodeFn, paths: Sequence[str], repeats: int = 3, warmup: int = 8
+) -> tuple[float, float]:
+    """(wall_s, cpu_s) of the fastest of ``repeats`` passes over ``paths`` on one thread.
+
+    Runs in a fresh thread whose torch ops are serial (as in the loaders' pools), so torch's
+    intra-op threads do not count as "one core".
+    """
+    from loaderbench.decoders import serial_torch_in_this_thread
+
+    result: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            serial_torch_in_this_thread()
+            for path in paths[:warmup]:
+                fn(path)
+            best = (float("inf"), float("inf"))
+            for _ in range(repeats):
+                wall, cpu = time.perf_counter(), time.thread_time()
+                for path in paths:
+                    fn(path)
+                best = min(best, (time.perf_counter() - wall, time.thread_time() - cpu))
+            result["best"] = best
+        except BaseException as error:  # reported in the calling thread
+            result["error"] = error
+
+    thread = threading.Thread(target=run, name="decode-limit")
+    thread.start()
+    thread.join()
+    if "error" in result:
+        raise result["error"]
+    return result["best"]
+
+
+def measure_decode_limit(
+    paths: Sequence[str], image_size: int, repeats: int = 3, only: Sequence[str] | None = None
+) -> DecodeLimit:
+    """Single-thread rates of every available candidate over ``paths`` and the limit."""
+    if not paths:
+        raise ValueError("measure_decode_limit needs at least one image path")
+    rates = []
+    for name, fn in candidates(image_size).items():
+        if only is not None and name not in only:
+            continue
+        wall, cpu = time_single_thread(fn, paths, repeats)
+        rates.append(DecodeRate(name, len(paths), wall, cpu))
+    return DecodeLimit(usable_cores(), image_size, tuple(rates))
+
+
+def format_limit(limit: DecodeLimit) -> str:
+    lines = [f"single-thread val decode + resize at {limit.image_size} px:"]
+    for r in sorted(limit.rates, key=lambda r: -r.images_per_s):
+        lines.append(
+            f"  {r.name:8s} {r.images_per_s:8.1f} images/s  "
+            f"{r.images_per_cpu_s:8.1f} images per CPU s"
+        )
+    lines.append(
+        f"CPU decode limit: {limit.cores} cores x {limit.best.images_per_s:.1f} "
+        f"({limit.best.name}) = {limit.images_per_s:.1f} images/s"
+    )
+    return "\n".join(lines)
+
+
+def format_ratio(limit: DecodeLimit, metrics: dict[str, Any], label: str) -> str:
+    ips, cpu = metrics.get("images_per_s") or 0.0, metrics.get("cpu_s_per_1k_images") or 0.0
+    return (
+        f"{label}: {ips:.1f} images/s = {limit.ratio(ips):.1%} of the CPU decode limit; "
+        f"{1000 / cpu if cpu else 0:.1f} images per CPU s = {limit.efficiency(cpu):.1%} "
+        f"of the best single-thread decode"
+    )
+
+
+def run_label(metrics_path: Path, metrics: dict[str, Any]) -> str:
+    """``loader`` or ``loader/decoder``, the decoder read from the run's Hydra config."""
+    label = str(metrics.get("loader"))
+    config = metrics_path.parent / ".hydra" / "config.yaml"
+    if config.is_file():
+        from omegaconf import OmegaConf
+
+        decoder = OmegaConf.load(config).get("loader", {}).get("decoder")
+        if decoder:
+            label += f"/{decoder}"
+    return label
+
+
+def _default_paths(root: Path | None, split: str, count: int) -> list[str]:
+    from loaderbench.data import scan_image_folder
+    from loaderbench.synthetic import SyntheticSpec, ensure_synthetic
+
+    if root is None:
+        root = ensure_synthetic(SyntheticSpec(), Path("data"))
+    _, paths, _ = scan_image_folder(root / split)
+    step = max(1, len(paths) // count)
+    return paths[::step][:count]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("metrics", nargs="*", type=Path, help="metrics.json of model=none runs")
+    parser.add_argument("--root", type=Path, help="ImageFolder root (default: synthetic set)")
+    parser.add_argument("--split", default="val")
+    parser.add_argument("--image-size", type=int, default=224)
+    parser.add_argument("--images", type=int, default=200)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--json", type=Path, help="also write the figures here")
+    args = parser.parse_args(argv)
+    paths = _default_paths(args.root, args.split, args.images)
+    limit = measure_decode_limit(paths, args.image_size, args.repeats)
+    print(format_limit(limit))
+    report: dict[str, Any] = {"limit": limit.as_dict(), "runs": {}}
+    for path in args.metrics:
+        metrics = json.loads(path.read_text())
+        label = run_label(path, metrics)
+        print(format_ratio(limit, metrics, f"{label} ({path})"))
+        ips = metrics.get("images_per_s") or 0.0
+        report["runs"][str(path)] = {
+            "images_per_s": ips,
+            "limit_ratio": limit.ratio(ips),
+            "cpu_efficiency": limit.efficiency(metrics.get("cpu_s_per_1k_images") or 0.0),
+        }
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

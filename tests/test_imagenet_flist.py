@@ -1,0 +1,105 @@
+"""ImageNet-style file lists (dataset=imagenet_flist): labels from the WordNet IDs in the paths,
+the same as the ImageFolder labels of the same files, for every loader."""
+
+from __future__ import annotations
+
+import importlib.util
+import random
+from pathlib import Path
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from loaderbench.config import DatasetConfig
+from loaderbench.data import DatasetIndex, discover
+from loaderbench.loaders import LoaderSpec, build_loader
+from tests.conftest import run_entry, single_run
+
+pytestmark = pytest.mark.filterwarnings(
+    "ignore:The image decoding and encoding capabilities of TorchVision:DeprecationWarning"
+)
+
+
+def write_file_lists(root: Path, out: Path) -> tuple[Path, Path]:
+    """One list per split, paths relative to root (``find val -name '*.JPEG'``), shuffled so
+    that no label can come from the order of the lines."""
+    lists = []
+    for split in ("train", "val"):
+        lines = sorted(str(p.relative_to(root)) for p in (root / split).rglob("*.JPEG"))
+        random.Random(split).shuffle(lines)
+        path = out / f"{split}.flist"
+        path.write_text("\n".join(lines) + "\n\n")  # a trailing blank line is fine
+        lists.append(path)
+    return lists[0], lists[1]
+
+
+def folder_index(root: Path) -> DatasetIndex:
+    cfg = OmegaConf.structured(DatasetConfig)
+    cfg.name, cfg.root = "folder", str(root)
+    return discover(cfg)
+
+
+def flist_index(root: Path, train_list: Path, val_list: Path) -> DatasetIndex:
+    cfg = OmegaConf.structured(DatasetConfig)
+    cfg.name, cfg.root = "imagenet_flist", str(root)
+    cfg.train_list, cfg.val_list = str(train_list), str(val_list)
+    return discover(cfg)
+
+
+def test_file_list_labels_match_image_folder_labels(tiny_root: Path, tmp_path: Path) -> None:
+    folder = folder_index(tiny_root)
+    flist = flist_index(tiny_root, *write_file_lists(tiny_root, tmp_path))
+    assert flist.classes == folder.classes == ("n00000001", "n00000002", "n00000003")
+    for name in ("train", "val"):
+        by_folder = dict(zip(folder.split(name).paths, folder.split(name).labels, strict=True))
+        by_list = dict(zip(flist.split(name).paths, flist.split(name).labels, strict=True))
+        assert by_list == by_folder
+
+
+@pytest.mark.parametrize("loader_name", ["torchvision", "spdl"])
+def test_loaders_read_file_list_splits(tiny_root: Path, tmp_path: Path, loader_name: str) -> None:
+    index = flist_index(tiny_root, *write_file_lists(tiny_root, tmp_path))
+    spec = LoaderSpec(
+        split=index.val,
+        train=False,
+        image_size=32,
+        device=torch.device("cpu"),
+        batch_size=4,
+        num_workers=1,
+        options={"on_error": "raise"},
+    )
+    loader = build_loader(loader_name, spec)
+    try:
+        labels = torch.cat([b.labels for b in loader]).tolist()
+    finally:
+        loader.close()
+    assert labels == list(index.val.labels)  # val keeps the list's order
+
+
+LOADERS = ["torchvision", "spdl"] + (
+    ["memmap"] if importlib.util.find_spec("loaderbench.loaders.memmap_loader") else []
+)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("loader_name", LOADERS)
+def test_eval_py_runs_on_imagenet_file_lists(
+    tiny_root: Path, tmp_path: Path, loader_name: str
+) -> None:
+    train_list, val_list = write_file_lists(tiny_root, tmp_path)
+    run_entry(
+        "eval.py",
+        "model=none",
+        "dataset=imagenet_flist",
+        f"dataset.root={tiny_root}",
+        f"dataset.train_list={train_list}",
+        f"dataset.val_list={val_list}",
+        f"loader={loader_name}",
+        "logger=none",
+        cwd=tmp_path,
+    )
+    _, metrics = single_run(tmp_path, "eval")
+    assert metrics["status"] == "ok" and metrics["loader"] == loader_name
+    assert metrics["images"] == 12 and metrics["num_classes"] == 3
+    assert metrics["skipped_files"] == 0

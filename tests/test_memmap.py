@@ -1,0 +1,544 @@
+"""The memmap loader and its cache, on real JPEG files, real memory-mapped files on disk and real
+subprocesses (a reopen in a fresh process, a SIGKILLed build, two builders at once, train.py)."""
+
+from __future__ import annotations
+
+import gc
+import hashlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from loaderbench.config import DatasetConfig
+from loaderbench.data import DatasetIndex, Split, discover
+from loaderbench.loaders import LoaderSpec, build_loader
+from loaderbench.loaders.memmap_loader import MemmapLoader
+from loaderbench.locking import FileLock
+from loaderbench.memmap_cache import (
+    COMPLETE_FILE,
+    CacheError,
+    ImageCache,
+    StorePolicy,
+    cache_name,
+    decode_fit,
+    ensure_cache,
+    fit_size,
+    open_cache,
+)
+from loaderbench.transforms import (
+    load_rgb,
+    pil_val_transform,
+    resized_crop_batch,
+    resized_crop_batch_uint8,
+)
+from tests.conftest import REPO, read_metrics, run_dirs, run_entry, single_run
+
+SIZE = 32  # model input size in these tests; train images are stored with a long side of 48
+
+
+def index_of(root: Path) -> DatasetIndex:
+    cfg = OmegaConf.structured(DatasetConfig)
+    cfg.name, cfg.root = "folder", str(root)
+    return discover(cfg)
+
+
+def make_loader(split: Split, cache_dir: Path, train: bool, **kwargs: object) -> MemmapLoader:
+    options = {"cache_dir": str(cache_dir), "train_store_ratio": 1.5}
+    options.update(kwargs.pop("options", {}))  # type: ignore[arg-type]
+    base: dict = dict(
+        split=split,
+        train=train,
+        image_size=SIZE,
+        device=torch.device("cpu"),
+        batch_size=5,
+        num_workers=2,
+        prefetch=2,
+        options=options,
+    )
+    base.update(kwargs)
+    loader = build_loader("memmap", LoaderSpec(**base))
+    assert isinstance(loader, MemmapLoader)
+    return loader
+
+
+def digest(cache: ImageCache) -> str:
+    """A hash of every field's bytes."""
+    h = hashlib.sha256()
+    for field in ("images", "labels", "heights", "widths"):
+        h.update(getattr(cache, field).contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+def copy_tree(root: Path, dest: Path) -> Path:
+    shutil.copytree(root, dest)
+    return dest
+
+
+def reader_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith("memmap-loader")]
+
+
+# ---------------------------------------------------------------------------------------------
+# The cache on disk.
+
+
+REOPEN = """
+import hashlib, sys
+from loaderbench.memmap_cache import ImageCache
+for path in sys.argv[1:]:
+    cache = ImageCache.load_memmap(path)
+    h = hashlib.sha256()
+    for field in ("images", "labels", "heights", "widths"):
+        h.update(getattr(cache, field).contiguous().numpy().tobytes())
+    print(h.hexdigest())
+"""
+
+
+def test_cache_is_real_files_and_reopens_identically_in_a_fresh_process(
+    tiny_root: Path, tmp_path: Path
+) -> None:
+    index = index_of(tiny_root)
+    caches = []
+    for split, train in ((index.val, False), (index.train, True)):
+        loader = make_loader(split, tmp_path, train)
+        loader.close()
+        cache = loader.cache
+        assert cache.built and cache.path.parent == tmp_path
+        assert cache.path.name.startswith(f"{split.name}-{'fit48' if train else 'crop32'}-")
+        images_file = Path(cache.data.images.filename)
+        assert images_file.is_relative_to(cache.path)  # a real file, not /dev/shm
+        per_image = 48 * 48 * 3 if train else 3 * SIZE * SIZE
+        assert images_file.stat().st_size == len(split) * per_image
+        assert (cache.path / COMPLETE_FILE).is_file()
+        assert not list(tmp_path.glob(".*.tmp-*"))
+        assert cache.data.labels.tolist() == list(split.labels)
+        caches.append(cache)
+
+        # A second loader finds the cache and builds nothing.
+        again = make_loader(split, tmp_path, train)
+        again.close()
+        assert not again.cache.built and again.cache.path == cache.path
+
+    paths = [str(cache.path) for cache in caches]
+    out = subprocess.run(
+        [sys.executable, "-c", REOPEN, *paths], capture_output=True, text=True, check=True, cwd=REPO
+    )
+    assert out.stdout.split() == [digest(cache.data) for cache in caches]
+
+
+def test_val_images_are_bit_identical_to_the_torchvision_val_pipeline(
+    tiny_root: Path, tmp_path: Path
+) -> None:
+    index = index_of(tiny_root)
+    loader = make_loader(index.val, tmp_path, train=False)
+    try:
+        batches = list(loader)
+        assert len(batches) == len(loader) == 3  # 12 images, batches of 5, the last short
+        images = torch.cat([b.images for b in batches])
+        labels = torch.cat([b.labels for b in batches])
+        reference = torch.stack([pil_val_transform(SIZE)(load_rgb(p)) for p in index.val.paths])
+        # Exactly equal: max |difference| = 0 on every pixel of every image.
+        assert images.dtype == torch.uint8 and images.shape == (12, 3, SIZE, SIZE)
+        assert torch.equal(images, reference)
+        assert labels.tolist() == list(index.val.labels)
+        assert torch.equal(loader.cache.data.images, reference)
+    finally:
+        loader.close()
+
+
+def test_train_images_are_stored_whole_with_aspect_kept(tiny_root: Path, tmp_path: Path) -> None:
+    index = index_of(tiny_root)
+    loader = make_loader(index.train, tmp_path, train=True)
+    loader.close()
+    data = loader.cache.data
+    assert data.images.shape == (len(index.train), 48, 48, 3)
+    for i, path in enumerate(index.train.paths[:6]):
+        original = load_rgb(path)
+        w, h = fit_size(*original.size, 48)
+        assert (data.heights[i].item(), data.widths[i].item()) == (h, w)
+        assert max(h, w) == 48 and abs(w / h - original.width / original.height) < 0.05
+        stored = data.images[i]
+        assert torch.equal(stored[:h, :w], torch.from_numpy(decode_fit(path, 48)))
+        # One replicated edge pixel, then zero padding.
+        if w < 48:
+            assert torch.equal(stored[:h, w], stored[:h, w - 1])
+            assert not stored[:, w + 1 :].any()
+        if h < 48:
+            assert not stored[h + 1 :].any()
+
+
+def test_a_changed_dataset_or_setting_gets_a_new_cache(tiny_root: Path, tmp_path: Path) -> None:
+    root = copy_tree(tiny_root, tmp_path / "data")
+    cache_dir = tmp_path / "cache"
+    before = index_of(root)
+    first = make_loader(before.val, cache_dir, train=False)
+    first.close()
+
+    # Same files, other settings: other caches.
+    policy = StorePolicy.for_split(False, SIZE, 1.5)
+    assert cache_name(before.val, StorePolicy.for_split(False, 40, 1.5)) != first.cache.path.name
+    train_policy = StorePolicy.for_split(True, SIZE, 1.5)
+    assert cache_name(before.train, train_policy) != cache_name(
+        before.train, StorePolicy.for_split(True, SIZE, 2.0)
+    )
+    assert cache_name(before.val, policy) == first.cache.path.name
+
+    # Replace one image by another class's image: new size and mtime, so a new cache.
+    victim, donor = before.val.paths[0], before.val.paths[-1]
+    shutil.copyfile(donor, victim)
+    os.utime(victim, ns=(time.time_ns(), time.time_ns() + 10**9))
+    after = index_of(root)
+    second = make_loader(after.val, cache_dir, train=False)
+    try:
+        assert second.cache.built and second.cache.path != first.cache.path
+        images = torch.cat([b.images for b in second])
+        assert torch.equal(images[0], pil_val_transform(SIZE)(load_rgb(victim)))
+        assert torch.equal(images[0], images[-1])
+    finally:
+        second.close()
+
+
+def test_unreadable_files_are_skipped_recorded_and_counted(tiny_root: Path, tmp_path: Path) -> None:
+    root = copy_tree(tiny_root, tmp_path / "data")
+    index = index_of(root)
+    broken = index.val.paths[3]
+    Path(broken).write_bytes(b"not a jpeg at all")
+    index = index_of(root)
+
+    loader = make_loader(index.val, tmp_path / "cache", train=False)
+    try:
+        assert loader.stats()["skipped_files"] == 1
+        meta = json.loads((loader.cache.path / "cache.json").read_text())
+        assert [item["path"] for item in meta["skipped"]] == [broken]
+        labels = torch.cat([b.labels for b in loader])
+        expected = [lab for i, lab in enumerate(index.val.labels) if i != 3]
+        assert labels.tolist() == expected
+    finally:
+        loader.close()
+
+    with pytest.raises(OSError, match="not a jpeg|cannot read image|unreadable") as error:
+        make_loader(index.val, tmp_path / "other", train=False, options={"on_error": "raise"})
+    assert broken in str(error.value)
+    # The failed build left nothing behind that could be taken for a cache.
+    assert not [p for p in (tmp_path / "other").iterdir() if not p.name.endswith(".lock")]
+    # A cache built with skips is refused under on_error=raise, naming the file.
+    with pytest.raises(OSError, match=broken):
+        make_loader(index.val, tmp_path / "cache", train=False, options={"on_error": "raise"})
+
+
+def test_an_incomplete_cache_folder_is_never_read(tiny_root: Path, tmp_path: Path) -> None:
+    index = index_of(tiny_root)
+    policy = StorePolicy.for_split(False, SIZE, 1.5)
+    built = ensure_cache(
+        index.val, policy, tmp_path, num_workers=0, skip_errors=True, progress=False
+    )
+    (built.path / COMPLETE_FILE).unlink()
+    with pytest.raises(CacheError, match=built.path.name):
+        open_cache(built.path, policy)
+    rebuilt = ensure_cache(
+        index.val, policy, tmp_path, num_workers=0, skip_errors=True, progress=False
+    )
+    assert rebuilt.built and is_bitwise_equal(rebuilt.data, built.data)
+
+
+def is_bitwise_equal(a: ImageCache, b: ImageCache) -> bool:
+    return digest(a) == digest(b)
+
+
+KILLED_BUILD = """
+import sys, time
+from pathlib import Path
+from omegaconf import OmegaConf
+import loaderbench.memmap_cache as mc
+from loaderbench.config import DatasetConfig
+from loaderbench.data import discover
+
+root, cache_dir, halfway = sys.argv[1:4]
+cfg = OmegaConf.structured(DatasetConfig)
+cfg.name, cfg.root = "folder", root
+split = discover(cfg).val
+real, count = mc.decode_crop, [0]
+
+def slow(path, size):
+    count[0] += 1
+    if count[0] == 6:  # halfway through: the files exist and are half written
+        Path(halfway).touch()
+        time.sleep(600)
+    return real(path, size)
+
+mc.decode_crop = slow
+mc.ensure_cache(split, mc.StorePolicy.for_split(False, 32, 1.5), Path(cache_dir),
+                num_workers=0, skip_errors=True, progress=False)
+print("finished")
+"""
+
+
+@pytest.mark.slow
+def test_a_killed_build_is_not_used_and_the_next_run_rebuilds(
+    tiny_root: Path, tmp_path: Path
+) -> None:
+    cache_dir, halfway = tmp_path / "cache", tmp_path / "halfway"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", KILLED_BUILD, str(tiny_root), str(cache_dir), str(halfway)],
+        cwd=REPO,
+        start_new_session=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not halfway.exists():
+            assert proc.poll() is None, proc.communicate()[1].decode()[-3000:]
+            assert time.monotonic() < deadline, "the build never got halfway"
+            time.sleep(0.05)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+
+    index = index_of(tiny_root)
+    policy = StorePolicy.for_split(False, SIZE, 1.5)
+    name = cache_name(index.val, policy)
+    assert not (cache_dir / name).exists()
+    (partial,) = cache_dir.glob(f".{name}.tmp-*")
+    assert (partial / "_tensordict" / "images.memmap").is_file()
+    assert not (partial / COMPLETE_FILE).exists()
+    with FileLock(cache_dir / f".{name}.lock"):  # the OS released the dead builder's lock
+        pass
+
+    loader = make_loader(index.val, cache_dir, train=False)
+    try:
+        assert loader.cache.built and loader.cache.path == cache_dir / name
+        assert not partial.exists()
+        images = torch.cat([b.images for b in loader])
+        reference = torch.stack([pil_val_transform(SIZE)(load_rgb(p)) for p in index.val.paths])
+        assert torch.equal(images, reference)
+    finally:
+        loader.close()
+
+
+RACING_BUILD = """
+import sys, time
+from pathlib import Path
+from omegaconf import OmegaConf
+import loaderbench.memmap_cache as mc
+from loaderbench.config import DatasetConfig
+from loaderbench.data import discover
+
+root, cache_dir, go = sys.argv[1:4]
+cfg = OmegaConf.structured(DatasetConfig)
+cfg.name, cfg.root = "folder", root
+split = discover(cfg).train
+real = mc.decode_fit
+
+def slow(path, long_side):
+    time.sleep(0.02)
+    return real(path, long_side)
+
+mc.decode_fit = slow
+while not Path(go).exists():
+    time.sleep(0.005)
+cache = mc.ensure_cache(split, mc.StorePolicy.for_split(True, 32, 1.5), Path(cache_dir),
+                        num_workers=0, skip_errors=True, progress=False)
+print(cache.built, cache.path)
+"""
+
+
+@pytest.mark.slow
+def test_two_runs_starting_at_once_build_the_cache_once(tiny_root: Path, tmp_path: Path) -> None:
+    cache_dir, go = tmp_path / "cache", tmp_path / "go"
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", RACING_BUILD, str(tiny_root), str(cache_dir), str(go)],
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(2)
+    ]
+    time.sleep(0.5)
+    go.touch()
+    outputs = [proc.communicate(timeout=300) for proc in procs]
+    for proc, (_, err) in zip(procs, outputs, strict=True):
+        assert proc.returncode == 0, err[-3000:]
+    results = [out.split() for out, _ in outputs]
+    assert sorted(built for built, _ in results) == ["False", "True"]
+    assert results[0][1] == results[1][1]
+    assert len([p for p in cache_dir.iterdir() if not p.name.startswith(".")]) == 1
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading and augmenting.
+
+
+def test_train_epochs_drop_last_reshuffle_and_replay_from_the_seed(
+    tiny_root: Path, tmp_path: Path
+) -> None:
+    index = index_of(tiny_root)
+    loader = make_loader(index.train, tmp_path, train=True)
+    try:
+        epochs = []
+        for epoch in range(2):
+            loader.set_epoch(epoch)
+            batches = list(loader)
+            assert len(batches) == len(loader) == 4  # 24 images, batches of 5, the rest dropped
+            for batch in batches:
+                assert batch.images.shape == (5, 3, SIZE, SIZE)
+                assert batch.images.dtype == torch.uint8 and batch.labels.dtype == torch.int64
+            epochs.append(batches)
+        labels = [torch.cat([b.labels for b in batches]).tolist() for batches in epochs]
+        assert labels[0] != labels[1]
+        # The order is the one every loader shares.
+        order = loader.epoch_batches(1)
+        assert labels[1] == [index.train.labels[i] for i in torch.cat(order).tolist()]
+
+        # Same seed and epoch, in-process or in a new loader, any thread count: same pixels.
+        loader.set_epoch(0)
+        replay = list(loader)
+        other = make_loader(index.train, tmp_path, train=True, num_workers=0)
+        other.set_epoch(0)
+        for a, b, c in zip(epochs[0], replay, list(other), strict=True):
+            assert torch.equal(a.images, b.images) and torch.equal(a.images, c.images)
+        other.close()
+        seeded = make_loader(index.train, tmp_path, train=True, seed=1)
+        assert not torch.equal(next(iter(seeded)).images, epochs[0][0].images)
+        seeded.close()
+    finally:
+        loader.close()
+
+
+def test_augmentation_boxes_differ_per_image_and_epoch_stay_in_bounds_and_replay(
+    tiny_root: Path, tmp_path: Path
+) -> None:
+    index = index_of(tiny_root)
+    loader = make_loader(index.train, tmp_path, train=True)
+    loader.close()
+    heights, widths = loader.cache.data.heights.long(), loader.cache.data.widths.long()
+    indices = torch.arange(len(index.train))
+    boxes0, flips0 = loader.augmentation(0, 0, indices)
+    boxes1, _ = loader.augmentation(1, 0, indices)
+    again, flips_again = loader.augmentation(0, 0, indices)
+
+    assert torch.equal(boxes0, again) and torch.equal(flips0, flips_again)  # from the seed
+    assert len({tuple(b) for b in boxes0.tolist()}) == len(indices)  # a box per image
+    assert (boxes0 != boxes1).any(dim=1).float().mean() > 0.9  # and per epoch
+    assert 0 < flips0.sum() < len(indices)
+    for boxes in (boxes0, boxes1):
+        top, left, h, w = boxes.unbind(1)
+        assert (top >= 0).all() and (left >= 0).all() and (h >= 1).all() and (w >= 1).all()
+        assert (top + h <= heights).all() and (left + w <= widths).all()
+        area = (h * w).double() / (heights * widths).double()
+        assert (area <= 1.0).all() and (area >= 0.08 * 0.8).all()  # rounding of tiny boxes
+    boxes_big, _ = loader.augmentation(0, 0, torch.arange(len(index.train)).repeat(40))
+    top, left, h, w = boxes_big.unbind(1)
+    assert (w / h).min() > 0.7 and (w / h).max() < 1.45
+    assert (boxes_big[:, 2] * boxes_big[:, 3]).float().std() > 100  # widely spread areas
+
+
+def test_uint8_crop_agrees_with_roi_align_and_flips() -> None:
+    generator = torch.Generator().manual_seed(0)
+    smooth = torch.nn.functional.interpolate(
+        torch.rand(4, 3, 12, 16, generator=generator) * 255, size=(48, 64), mode="bilinear"
+    )
+    images = smooth.round().to(torch.uint8).contiguous(memory_format=torch.channels_last)
+    boxes = torch.tensor([[0, 0, 48, 64], [5, 7, 20, 30], [10, 0, 38, 40], [0, 20, 30, 30]])
+    flips = torch.tensor([False, True, False, True])
+    fast = resized_crop_batch_uint8(images, boxes, 24, flips)
+    reference = resized_crop_batch(images, boxes, 24, flips)
+    assert fast.shape == reference.shape == (4, 3, 24, 24) and fast.dtype == torch.uint8
+    diff = (fast.int() - reference.int()).abs()
+    assert diff.float().mean() < 2.0 and diff.max() <= 40
+    unflipped = resized_crop_batch_uint8(images, boxes, 24)
+    assert torch.equal(fast[1], unflipped[1].flip(-1)) and torch.equal(fast[0], unflipped[0])
+
+
+def test_data_parallel_ranks_share_val_exactly_once(tiny_root: Path, tmp_path: Path) -> None:
+    index = index_of(tiny_root)
+    labels = []
+    for rank in range(2):
+        loader = make_loader(index.val, tmp_path, train=False, rank=rank, world_size=2)
+        labels += torch.cat([b.labels for b in loader]).tolist()
+        loader.close()
+    assert sorted(labels) == sorted(index.val.labels)
+
+
+def test_held_batches_are_never_overwritten(tiny_root: Path, tmp_path: Path) -> None:
+    """Output buffers are reused, but only once nothing refers to them."""
+    index = index_of(tiny_root)
+    loader = make_loader(index.val, tmp_path, train=False, batch_size=2, prefetch=1)
+    try:
+        first = [b.images[:1] for b in loader]  # views keep their buffers busy
+        copies = [view.clone() for view in first]
+        for _ in range(3):
+            for _ in loader:
+                pass
+        assert all(torch.equal(a, b) for a, b in zip(first, copies, strict=True))
+    finally:
+        loader.close()
+
+
+def test_no_reader_thread_outlives_close_or_an_abandoned_iterator(
+    tiny_root: Path, tmp_path: Path
+) -> None:
+    index = index_of(tiny_root)
+    loader = make_loader(index.train, tmp_path, train=True, num_workers=2, batch_size=2)
+    iterator = iter(loader)
+    next(iterator)
+    assert reader_threads()
+    loader.close()
+    assert not reader_threads()
+
+    iterator = iter(loader)
+    next(iterator)
+    assert reader_threads()
+    del iterator
+    gc.collect()
+    assert not reader_threads()
+    loader.close()  # twice is fine
+
+
+# ---------------------------------------------------------------------------------------------
+# Through train.py.
+
+
+@pytest.mark.slow
+def test_train_py_trains_with_loader_memmap_then_reuses_the_cache(
+    tiny_root: Path, tmp_path: Path
+) -> None:
+    quick = [
+        f"dataset.root={tiny_root}",
+        "loader=memmap",
+        "logger=none",
+        "device=cpu",
+        "loader.batch_size=8",
+        "loader.num_workers=1",
+    ]
+    run_entry("train.py", *quick, "epochs=1", "model.name=test_resnet", cwd=tmp_path)
+    _, metrics = single_run(tmp_path, "train")
+    assert metrics["status"] == "ok" and metrics["loader"] == "memmap"
+    assert metrics["images"] == 24 // 8 * 8 and metrics["epochs"] == 1
+    assert 0.0 <= metrics["top1"] <= metrics["top5"] <= 1.0
+    assert metrics["skipped_files"] == 0 and metrics["loader_cache_built"] is True
+    caches = sorted(
+        p.name.split("-")[0] for p in (tmp_path / "cache").iterdir() if not p.name.startswith(".")
+    )
+    assert caches == ["train", "val"]
+
+    # The next run finds the cache and starts reading at once.
+    run_entry("train.py", *quick, "model=none", "bench.epochs=2", cwd=tmp_path)
+    dirs = run_dirs(tmp_path, "train")
+    assert len(dirs) == 2
+    metrics = read_metrics(dirs[-1])
+    assert metrics["status"] == "ok" and metrics["loader_cache_built"] is False
+    assert metrics["ttfb_s"] < 1.0 and metrics["images"] == 2 * 24

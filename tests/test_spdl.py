@@ -1,0 +1,466 @@
+"""The spdl loader: SPDL's thread pipeline with the turbo, ffmpeg and nvjpeg decoders."""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+from PIL import Image
+
+from loaderbench import decoders
+from loaderbench.config import DatasetConfig
+from loaderbench.data import DatasetIndex, Split, discover
+from loaderbench.decoders import Geometry, apply_plan, ffmpeg_filter, train_plan, val_plan
+from loaderbench.loaders import LoaderSpec, build_loader
+from loaderbench.loaders.base import epoch_permutation, shard_indices
+from loaderbench.loaders.spdl_loader import SpdlLoader, epoch_samples
+from loaderbench.transforms import load_rgb, pil_val_transform
+from tests.conftest import run_entry, single_run
+
+# torchvision 0.29 deprecates its codecs (the decoders filter it; pytest resets the filters).
+pytestmark = pytest.mark.filterwarnings(
+    "ignore:The image decoding and encoding capabilities of TorchVision:DeprecationWarning"
+)
+
+CPU_DECODERS = ("turbo", "ffmpeg")
+HAS_CUDA = torch.cuda.is_available()
+NO_CUDA_REASON = "nvjpeg decodes on the GPU and this machine has no CUDA device"
+
+
+def index_of(root: Path) -> DatasetIndex:
+    cfg = OmegaConf.structured(DatasetConfig)
+    cfg.name, cfg.root = "folder", str(root)
+    return discover(cfg)
+
+
+def spec(split: Split, train: bool, decoder: str = "turbo", **kwargs) -> LoaderSpec:
+    options = {
+        "decoder": decoder,
+        "on_error": kwargs.pop("on_error", "skip"),
+        "timeout_s": kwargs.pop("timeout_s", 60.0),
+    }
+    base = dict(
+        split=split,
+        train=train,
+        image_size=64,
+        device=torch.device("cpu"),
+        batch_size=5,
+        num_workers=2,
+        prefetch=2,
+        options=options,
+    )
+    base.update(kwargs)
+    return LoaderSpec(**base)
+
+
+def spdl_threads() -> set[threading.Thread]:
+    return set(threading.enumerate())
+
+
+# ---------------------------------------------------------------------------------------------
+# An epoch: every image once, labels intact, a new order each epoch.
+
+# 24 solid colours far apart (a 3x3x3 grid): any crop of image i still has colour i.
+PALETTE = [(r, g, b) for r, g, b in itertools.product((30, 128, 225), repeat=3)][:24]
+
+
+@pytest.fixture(scope="module")
+def colour_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """3 classes x 8 train (and 2 val) solid-colour JPEGs of mixed sizes; colour = identity."""
+    root = tmp_path_factory.mktemp("colours")
+    for i, colour in enumerate(PALETTE):
+        size = (120, 90) if i % 2 else (90, 130)
+        folder = root / "train" / f"n{i // 8 + 1:08d}"
+        folder.mkdir(parents=True, exist_ok=True)
+        Image.new("RGB", size, colour).save(folder / f"img_{i:02d}.JPEG", quality=95)
+    for c in range(3):
+        folder = root / "val" / f"n{c + 1:08d}"
+        folder.mkdir(parents=True)
+        Image.new("RGB", (100, 80), PALETTE[c]).save(folder / "v.JPEG", quality=95)
+    return root
+
+
+def identify(images: torch.Tensor) -> list[int]:
+    """Which palette colour each (solid) image is."""
+    palette = torch.tensor(PALETTE, dtype=torch.float32)
+    means = images.float().mean(dim=(2, 3))
+    distances = torch.cdist(means, palette)
+    assert distances.min(dim=1).values.max() < 12, "an image is not one solid palette colour"
+    return distances.argmin(dim=1).tolist()
+
+
+@pytest.mark.parametrize("decoder", CPU_DECODERS)
+@pytest.mark.timeout(120)
+def test_epoch_yields_every_image_once_labels_intact_new_order(
+    colour_root: Path, decoder: str
+) -> None:
+    index = index_of(colour_root)
+    split = index.train
+    colour_of_path = {p: int(Path(p).stem.split("_")[1]) for p in split.paths}
+    loader = build_loader("spdl", spec(split, train=True, decoder=decoder, batch_size=4))
+    orders = []
+    try:
+        assert len(loader) == 6
+        for epoch in range(3):
+            loader.set_epoch(epoch)
+            seen: list[int] = []
+            for batch in loader:
+                assert batch.images.dtype == torch.uint8 and batch.images.is_contiguous()
+                assert batch.images.shape == (4, 3, 64, 64)
+                assert batch.labels.dtype == torch.int64
+                colours = identify(batch.images)
+                for colour, label in zip(colours, batch.labels.tolist(), strict=True):
+                    assert label == colour // 8  # the class folder of that image
+                seen.extend(colours)
+            assert sorted(seen) == list(range(24)), f"epoch {epoch}: {seen}"
+            # The shared epoch order, in order: the same batches as the torchvision loader.
+            order = shard_indices(epoch_permutation(24, 0, epoch, shuffle=True), 4, True)
+            assert seen == [colour_of_path[split.paths[i]] for i in order.tolist()]
+            orders.append(seen)
+        assert len({tuple(order) for order in orders}) == 3
+    finally:
+        loader.close()
+
+
+def test_val_keeps_the_split_order_and_the_short_last_batch(tiny_root: Path) -> None:
+    index = index_of(tiny_root)
+    loader = build_loader("spdl", spec(index.val, train=False))
+    try:
+        batches = list(loader)
+        assert [len(b.labels) for b in batches] == [5, 5, 2] and len(loader) == 3
+        assert torch.cat([b.labels for b in batches]).tolist() == list(index.val.labels)
+    finally:
+        loader.close()
+
+
+def test_epoch_samples_shard_the_epoch_like_every_loader(tiny_root: Path) -> None:
+    split = index_of(tiny_root).train
+    parts = [
+        list(epoch_samples(spec(split, train=True, rank=r, world_size=2), epoch=1)) for r in (0, 1)
+    ]
+    assert len(parts[0]) == len(parts[1]) == 10  # 12 each, cut to whole batches of 5
+    assert not {s.index for s in parts[0]} & {s.index for s in parts[1]}
+    assert all(
+        s.path == split.paths[s.index] and s.label == split.labels[s.index]
+        for s in parts[0] + parts[1]
+    )
+    # Augmentation seeds differ per image and per epoch.
+    again = list(epoch_samples(spec(split, train=True), epoch=2))
+    assert len({s.seed for s in again}) == len(again)
+    first = {s.index: s.seed for s in epoch_samples(spec(split, train=True), epoch=1)}
+    assert all(first[s.index] != s.seed for s in again if s.index in first)
+
+
+# ---------------------------------------------------------------------------------------------
+# Val pixels against the torchvision reference (PIL Resize + CenterCrop).
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """Absolute differences in grey levels (0-255), measured on the synthetic set."""
+
+    mean: float  # over all pixels of all images
+    image_mean: float  # the worst image's mean
+    p99: float  # 99th percentile of all pixel differences
+
+
+# Measured on tiny_root's val images (500x375-class JPEGs):
+#   turbo  (libjpeg-turbo, same filter as PIL): mean 0.001-0.003, worst image 0.007, p99 0, max 1
+#   ffmpeg (FFmpeg's decoder and scaler): at 64 px mean 0.46, worst 0.70, p99 6, max 31;
+#          at 224 px mean 0.93, worst 1.26, p99 9, max 84 (colour edges: its chroma upsampling
+#          is not libjpeg's). Bounds below leave ~50% headroom.
+TOLERANCES = {
+    "turbo": Tolerance(mean=0.05, image_mean=0.05, p99=1.0),
+    "ffmpeg": Tolerance(mean=1.5, image_mean=2.0, p99=14.0),
+    # Not measured here (no GPU): nvJPEG's IDCT and upsampling differ from libjpeg's.
+    "nvjpeg": Tolerance(mean=1.5, image_mean=2.0, p99=14.0),
+}
+
+
+def assert_matches_reference(root: Path, decoder: str, size: int, device: str = "cpu") -> None:
+    index = index_of(root)
+    reference = pil_val_transform(size)
+    expected = torch.stack([reference(load_rgb(p)) for p in index.val.paths])
+    loader = build_loader(
+        "spdl",
+        spec(index.val, train=False, decoder=decoder, image_size=size, device=torch.device(device)),
+    )
+    try:
+        got = torch.cat([b.images.cpu() for b in loader])
+    finally:
+        loader.close()
+    assert got.shape == expected.shape
+    diff = (got.int() - expected.int()).abs().float()
+    tolerance = TOLERANCES[decoder]
+    assert diff.mean() <= tolerance.mean, f"{decoder}: mean |diff| {diff.mean():.3f}"
+    assert diff.mean(dim=(1, 2, 3)).max() <= tolerance.image_mean
+    assert diff.flatten().quantile(0.99) <= tolerance.p99
+
+
+@pytest.mark.parametrize("size", [64, 224])
+@pytest.mark.parametrize("decoder", CPU_DECODERS)
+def test_val_images_match_the_torchvision_reference(
+    tiny_root: Path, decoder: str, size: int
+) -> None:
+    assert_matches_reference(tiny_root, decoder, size)
+
+
+def test_val_geometry_is_resize_short_side_then_centre_crop() -> None:
+    # Landscape 500x375 -> 341x256 (torchvision truncates the long side), centre 224.
+    plan = val_plan(375, 500, 224)
+    assert plan.resize == (256, 341) and plan.crop == (16, 58, 224, 224)
+    assert val_plan(500, 333, 224).resize == (384, 256)  # portrait: int(256 * 500 / 333)
+    # Not SPDL's default letterbox (scale + pad): scale keeps the aspect, crop, no pad.
+    text = ffmpeg_filter(plan, 375, 500)
+    assert "scale=w=341:h=256" in text and "crop=w=224:h=224:x=58:y=16" in text
+    assert "pad" not in text and text.endswith("format=pix_fmts=rgb24")
+
+
+def test_train_crop_is_a_seeded_rrc_box_of_the_true_size() -> None:
+    plans = [train_plan(375, 500, 64, seed) for seed in range(200)]
+    assert plans[3] == train_plan(375, 500, 64, 3)  # reproducible per image seed
+    for plan in plans:
+        top, left, h, w = plan.box
+        assert 0 <= top and 0 <= left and top + h <= 375 and left + w <= 500
+        assert 0.08 * 375 * 500 * 0.9 <= h * w <= 375 * 500 and plan.resize == (64, 64)
+    flips = sum(plan.flip for plan in plans)
+    assert 60 < flips < 140
+    image = torch.arange(3 * 375 * 500, dtype=torch.int64).reshape(3, 375, 500).to(torch.uint8)
+    assert apply_plan(image, plans[0]).shape == (3, 64, 64)
+    assert Geometry(64, train=True).plan(375, 500, 7) == train_plan(375, 500, 64, 7)
+    # augment.scale / augment.ratio reach the sampler: the whole 4:3 image, only.
+    whole = Geometry(64, train=True, scale=(1.0, 1.0), ratio=(4 / 3, 4 / 3))
+    assert {whole.plan(375, 500, seed).box for seed in range(5)} == {(0, 0, 375, 500)}
+
+
+@pytest.mark.parametrize("decoder", CPU_DECODERS)
+def test_train_pipeline_is_reproducible(tiny_root: Path, decoder: str) -> None:
+    split = index_of(tiny_root).train
+
+    def first_epoch() -> torch.Tensor:
+        loader = build_loader("spdl", spec(split, train=True, decoder=decoder))
+        try:
+            return torch.cat([b.images for b in loader])
+        finally:
+            loader.close()
+
+    assert torch.equal(first_epoch(), first_epoch())
+
+
+# ---------------------------------------------------------------------------------------------
+# Unreadable files: skipped and counted, or raised naming the file; never a hang.
+
+
+@pytest.fixture(scope="module")
+def damaged_root(tiny_root: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """tiny_root's val split plus a truncated, a zero-byte and a text file named .JPEG, and a
+    PNG named .JPEG (which must load)."""
+    root = tmp_path_factory.mktemp("damaged")
+    for split in ("train", "val"):
+        for path in sorted((tiny_root / split).rglob("*.JPEG")):
+            target = root / path.relative_to(tiny_root)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(path.read_bytes())
+    good = sorted((root / "val").rglob("*.JPEG"))[0]
+    folder = good.parent
+    (folder / "zz_truncated.JPEG").write_bytes(good.read_bytes()[:4000])
+    (folder / "zz_empty.JPEG").write_bytes(b"")
+    (folder / "zz_text.JPEG").write_text("not an image at all\n")
+    Image.open(good).convert("RGB").save(folder / "zz_png.JPEG", format="PNG")
+    return root
+
+
+BAD_FILES = {"zz_truncated.JPEG", "zz_empty.JPEG", "zz_text.JPEG"}
+
+
+@pytest.mark.parametrize("decoder", CPU_DECODERS)
+@pytest.mark.timeout(120)
+def test_unreadable_files_are_skipped_and_counted(damaged_root: Path, decoder: str) -> None:
+    index = index_of(damaged_root)
+    loader = build_loader("spdl", spec(index.val, train=False, decoder=decoder))
+    try:
+        labels = torch.cat([b.labels for b in loader])
+    finally:
+        loader.close()
+    assert len(index.val) == 16
+    assert len(labels) == 13  # 12 good JPEGs + the PNG named .JPEG
+    assert loader.stats()["skipped_files"] == 3
+
+
+@pytest.mark.parametrize("bad", sorted(BAD_FILES))
+@pytest.mark.parametrize("decoder", CPU_DECODERS)
+@pytest.mark.timeout(120)
+def test_unreadable_file_raises_naming_it(damaged_root: Path, decoder: str, bad: str) -> None:
+    index = index_of(damaged_root)
+    keep = [i for i, p in enumerate(index.val.paths) if Path(p).name not in BAD_FILES - {bad}]
+    split = Split(
+        "val", tuple(index.val.paths[i] for i in keep), tuple(index.val.labels[i] for i in keep)
+    )
+    before = spdl_threads()
+    loader = build_loader("spdl", spec(split, train=False, decoder=decoder, on_error="raise"))
+    with pytest.raises(OSError, match=f"cannot decode image .*{bad}"):
+        for _ in loader:
+            pass
+    loader.close()
+    assert spdl_threads() <= before
+
+
+def test_unknown_decoder_and_on_error_are_refused(tiny_root: Path) -> None:
+    split = index_of(tiny_root).val
+    with pytest.raises(ValueError, match="loader.decoder='nope'.*ffmpeg"):
+        build_loader("spdl", spec(split, train=False, decoder="nope"))
+    with pytest.raises(ValueError, match="dataset.on_error"):
+        build_loader("spdl", spec(split, train=False, on_error="ignore"))
+
+
+# ---------------------------------------------------------------------------------------------
+# Threads: none outlives an epoch, an early stop, or close().
+
+
+@pytest.mark.timeout(120)
+def test_no_thread_outlives_the_loader(tiny_root: Path) -> None:
+    index = index_of(tiny_root)
+    before = spdl_threads()
+    loader = build_loader("spdl", spec(index.train, train=True, num_workers=3))
+    for epoch in range(2):
+        loader.set_epoch(epoch)
+        assert sum(len(b.labels) for b in loader) == 20
+    assert spdl_threads() <= before  # each finished epoch stopped its pipeline
+
+    iterator = iter(loader)
+    next(iterator)  # an epoch left half-way, its threads busy
+    assert len(spdl_threads() - before) > 0
+    loader.close()
+    loader.close()  # twice is fine
+    assert spdl_threads() <= before
+    del iterator
+
+    with build_loader("spdl", spec(index.val, train=False)) as val_loader:
+        for _ in val_loader:
+            break  # abandoned mid-epoch: the generator's cleanup stops the pipeline
+    assert spdl_threads() <= before
+
+
+def test_stats_report_spdl_stage_figures(tiny_root: Path) -> None:
+    loader = build_loader("spdl", spec(index_of(tiny_root).val, train=False))
+    for _ in loader:
+        pass
+    loader.close()
+    stats = loader.stats()
+    assert stats["skipped_files"] == 0 and stats["spdl_decoder"] == "turbo"
+    assert stats["spdl_decode_threads"] == 2
+    for key in (
+        "spdl_src_occupancy",
+        "spdl_decode_occupancy",
+        "spdl_decode_task_ms",
+        "spdl_decode_put_wait_ms",
+        "spdl_sink_occupancy",
+        "spdl_sink_get_wait_ms",
+    ):
+        assert key in stats, sorted(stats)
+    assert 0.0 <= stats["spdl_sink_occupancy"] <= 1.0 and stats["spdl_decode_task_ms"] > 0
+
+
+# ---------------------------------------------------------------------------------------------
+# nvjpeg: the GPU decoder.
+
+
+@pytest.mark.skipif(HAS_CUDA, reason="checks the message given where there is no CUDA device")
+def test_nvjpeg_without_cuda_fails_at_once_saying_so(tiny_root: Path) -> None:
+    before = spdl_threads()
+    with pytest.raises(RuntimeError, match="nvjpeg.*no CUDA device"):
+        build_loader("spdl", spec(index_of(tiny_root).val, train=False, decoder="nvjpeg"))
+    assert spdl_threads() <= before
+
+
+def test_nvjpeg_batch_logic_runs_off_the_gpu(
+    damaged_root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The batch path (batched decode, one-by-one retry on a bad file, non-JPEG fallback,
+    plans, stacking) with torchvision's CPU decoder standing in for nvJPEG."""
+    monkeypatch.setattr(decoders, "require_cuda", lambda device, what: None)
+    index = index_of(damaged_root)
+    decoder = decoders.NvjpegDecoder(Geometry(64, train=False), torch.device("cpu"))
+    samples = [
+        decoders.Sample(i, p, lab, 0)
+        for i, (p, lab) in enumerate(zip(index.val.paths, index.val.labels, strict=True))
+    ]
+    batch = decoder.decode_batch(samples, pin=False)
+    assert batch.images.shape == (13, 3, 64, 64) and len(batch.labels) == 13
+    assert {Path(f.path).name for f in batch.failures} == BAD_FILES
+    reference = pil_val_transform(64)(load_rgb(index.val.paths[0]))
+    assert (batch.images[0].int() - reference.int()).abs().max() <= 1
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not HAS_CUDA, reason=NO_CUDA_REASON)
+def test_nvjpeg_refuses_a_cpu_run(tiny_root: Path) -> None:
+    with pytest.raises(RuntimeError, match="device=cuda"):
+        build_loader("spdl", spec(index_of(tiny_root).val, train=False, decoder="nvjpeg"))
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not HAS_CUDA, reason=NO_CUDA_REASON)
+@pytest.mark.parametrize("size", [64, 224])
+def test_nvjpeg_val_images_match_the_reference(tiny_root: Path, size: int) -> None:
+    assert_matches_reference(tiny_root, "nvjpeg", size, device="cuda")
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not HAS_CUDA, reason=NO_CUDA_REASON)
+@pytest.mark.timeout(120)
+def test_nvjpeg_train_epoch_on_the_gpu_and_skips_damaged(damaged_root: Path) -> None:
+    index = index_of(damaged_root)
+    loader = build_loader(
+        "spdl", spec(index.val, train=True, decoder="nvjpeg", device=torch.device("cuda"))
+    )
+    try:
+        batches = list(loader)
+    finally:
+        loader.close()
+    assert all(b.images.is_cuda and b.labels.is_cuda for b in batches)
+    assert sum(len(b.labels) for b in batches) + loader.stats()["skipped_files"] == 15
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not HAS_CUDA, reason=NO_CUDA_REASON)
+def test_cpu_decode_transfers_to_the_gpu(tiny_root: Path) -> None:
+    loader = build_loader(
+        "spdl", spec(index_of(tiny_root).val, train=False, device=torch.device("cuda"))
+    )
+    try:
+        batches = list(loader)
+    finally:
+        loader.close()
+    assert all(b.images.is_cuda for b in batches) and len(batches) == 3
+    assert isinstance(loader, SpdlLoader)
+
+
+# ---------------------------------------------------------------------------------------------
+# The entry points.
+
+
+@pytest.mark.slow
+def test_train_py_trains_end_to_end_with_spdl(tiny_root: Path, tmp_path: Path) -> None:
+    run_entry(
+        "train.py",
+        f"dataset.root={tiny_root}",
+        "loader=spdl",
+        "loader.batch_size=8",
+        "epochs=1",
+        "logger=none",
+        "model.name=test_resnet",
+        cwd=tmp_path,
+    )
+    run_dir, metrics = single_run(tmp_path, "train")
+    assert metrics["status"] == "ok" and metrics["loader"] == "spdl"
+    assert metrics["images"] == 24 and metrics["skipped_files"] == 0
+    assert 0.0 <= metrics["top1"] <= 1.0 and metrics["epochs"] == 1
+    assert metrics["loader_spdl_decoder"] == "turbo"
+    assert "loader_spdl_decode_occupancy" in metrics
+    assert (run_dir / "checkpoint.pt").is_file()
