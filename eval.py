@@ -7,12 +7,12 @@ import hydra
 from omegaconf import DictConfig
 
 import loaderbench.config  # noqa: F401  (registers the config schemas)
-from loaderbench.app import evaluate_checkpoint
+from loaderbench.app import evaluate_checkpoint, run_job
 
 
 @hydra.main(config_path="conf", config_name="eval", version_base="1.3")
 def main(cfg: DictConfig) -> float | None:
-    return evaluate_checkpoint(cfg).get("top1")
+    return run_job(evaluate_checkpoint, cfg)
 
 
 if __name__ == "__main__":

@@ -8,12 +8,12 @@ import hydra
 from omegaconf import DictConfig
 
 import loaderbench.config  # noqa: F401  (registers the config schemas)
-from loaderbench.app import train
+from loaderbench.app import train, run_job
 
 
 @hydra.main(config_path="conf", config_name="train", version_base="1.3")
 def main(cfg: DictConfig) -> float | None:
-    return train(cfg).get("top1")
+    return run_job(train, cfg)
 
 
 if __name__ == "__main__":

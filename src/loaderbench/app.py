@@ -7,7 +7,7 @@ import json
 import logging
 import math
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,7 +35,7 @@ from loaderbench.runtime import (
     seed_everything,
     synchronizer,
 )
-from loaderbench.sweeps import job_name, swept_keys
+from loaderbench.sweeps import job_name, sweep_group, swept_keys
 from loaderbench.tracking import RunLogger, build_logger
 from loaderbench.validation import validate_config
 
@@ -81,9 +81,21 @@ def sweep_identity() -> tuple[str | None, str | None]:
     if hydra_cfg.mode != RunMode.MULTIRUN:
         return None, None
     sweep_dir = Path(hydra_cfg.sweep.dir)
-    group = f"{hydra_cfg.job.name}-{sweep_dir.parent.name}_{sweep_dir.name}"
+    group = sweep_group(hydra_cfg.job.name, sweep_dir)
     name = job_name(list(hydra_cfg.overrides.task), swept_keys(sweep_dir))
     return group, name or hydra_cfg.job.override_dirname or f"job{hydra_cfg.job.num}"
+
+
+def run_job(task: Callable[[DictConfig], dict[str, Any]], cfg: DictConfig) -> float | None:
+    """Run a job; in a sweep a failed job is logged (and its metrics.json says so) but does
+    not abort the jobs after it, so the sweep summary can report it as a failed row."""
+    try:
+        return task(cfg).get("top1")
+    except Exception:
+        if HydraConfig.get().mode != RunMode.MULTIRUN:
+            raise
+        log.exception("job %s failed; the sweep goes on", HydraConfig.get().job.num)
+        return None
 
 
 def base_metrics(cfg: DictConfig, task: str, device: torch.device | None) -> dict[str, Any]:

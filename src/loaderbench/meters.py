@@ -12,7 +12,8 @@ On CUDA the copies are asynchronous, so a batch "arrives" only once the device h
 calls ``sync`` (``torch.cuda.synchronize``) inside the wait and after each step.
 
 ``ProcessTreeMonitor`` samples this process and all its descendants (DataLoader workers, SPDL
-has none) for CPU time and resident memory; W&B's own service process is left out.
+has none) for CPU time and resident memory (proportional set size, so pages shared between
+forked workers count once); W&B's own service process is left out.
 """
 
 from __future__ import annotations
@@ -109,6 +110,16 @@ def _is_excluded(proc: psutil.Process) -> bool:
     return "wandb" in name or "wandb" in cmdline
 
 
+def _resident_bytes(proc: psutil.Process) -> int:
+    """Proportional set size where the OS reports it: forked workers share the parent's pages
+    (and every process maps the same page cache for memmaps), and summing plain RSS would
+    count those pages once per process."""
+    try:
+        return int(proc.memory_full_info().pss)
+    except (AttributeError, psutil.AccessDenied):
+        return int(proc.memory_info().rss)
+
+
 class ProcessTreeMonitor:
     """CPU seconds and peak RSS of this process and its descendants, sampled in a thread.
 
@@ -144,7 +155,7 @@ class ProcessTreeMonitor:
                 try:
                     with proc.oneshot():
                         times = proc.cpu_times()
-                        rss += proc.memory_info().rss
+                        rss += _resident_bytes(proc)
                 except psutil.Error:
                     continue
                 self._cpu[proc.pid] = times.user + times.system

@@ -1,11 +1,21 @@
-"""What a sweep varies: read from the sweep directory, so every job (in any process) agrees."""
+"""Sweeps: what a sweep varies, and the summary that answers "which loader, how many workers".
+
+Everything is read from the sweep directory (its multirun.yaml and each job's files), so every
+job, in any process or on any machine, agrees, and the summary holds jobs that failed.
+"""
 
 from __future__ import annotations
 
+import csv
+import json
+import logging
 from pathlib import Path
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
-from omegaconf import OmegaConf
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig, OmegaConf
+
+log = logging.getLogger(__name__)
 
 
 def swept_keys(sweep_dir: str | Path) -> list[str]:
@@ -27,3 +37,227 @@ def job_name(job_overrides: list[str], keys: list[str]) -> str | None:
         key, _, value = override.partition("=")
         values[key.lstrip("+~")] = value
     return ",".join(f"{key}={values[key]}" for key in keys if key in values) or None
+
+
+def sweep_group(task_name: str, sweep_dir: str | Path) -> str:
+    """The W&B group of every job of a sweep (and of its summary run)."""
+    sweep_dir = Path(sweep_dir)
+    return f"{task_name}-{sweep_dir.parent.name}_{sweep_dir.name}"
+
+
+# ---------------------------------------------------------------------------------------------
+# The sweep summary: one row a job, read from the files the jobs left (jobs may have run in
+# other processes or on other machines, so nothing is kept in memory).
+
+SUMMARY_METRICS = [
+    "status",
+    "loader",
+    "model",
+    "device",
+    "batch_size",
+    "num_workers",
+    "images",
+    "images_per_s",
+    "ttfb_s",
+    "data_wait_frac",
+    "cpu_s_per_1k_images",
+    "peak_rss_mb",
+    "skipped_files",
+    "top1",
+    "top5",
+    "loss",
+    "epochs",
+    "wall_s",
+    "error",
+]
+
+
+def _job_dirs(sweep_dir: Path) -> list[Path]:
+    jobs = [p.parent.parent for p in sweep_dir.glob("*/.hydra/overrides.yaml")]
+    return sorted(jobs, key=lambda p: (len(p.name), p.name))
+
+
+def _job_overrides(job_dir: Path) -> list[str]:
+    return [str(o) for o in OmegaConf.load(job_dir / ".hydra" / "overrides.yaml")]
+
+
+def collect_rows(sweep_dir: str | Path) -> tuple[list[str], list[dict]]:
+    """Swept keys and one row a job; a job without a readable metrics.json is a failed row."""
+    sweep_dir = Path(sweep_dir)
+    keys = swept_keys(sweep_dir)
+    rows = []
+    for job_dir in _job_dirs(sweep_dir):
+        values = {}
+        for override in _job_overrides(job_dir):
+            key, _, value = override.partition("=")
+            values[key.lstrip("+~")] = value
+        row: dict = {"job": job_dir.name, **{k: values.get(k) for k in keys}}
+        metrics_path = job_dir / "metrics.json"
+        try:
+            metrics = json.loads(metrics_path.read_text())
+        except (OSError, ValueError) as error:
+            metrics = {"status": "failed", "error": f"no readable metrics.json ({error})"}
+        if metrics.get("status") == "running":
+            metrics["status"] = "failed"  # the job died before it could say how it ended
+        row.update({k: metrics.get(k) for k in SUMMARY_METRICS})
+        rows.append(row)
+    return keys, rows
+
+
+def _sort_key(row: dict) -> tuple:
+    ok = row.get("status") == "ok"
+    score = row.get("top1") if row.get("top1") is not None else row.get("images_per_s")
+    return (not ok, -(score or 0.0))
+
+
+def write_csv(path: Path, columns: list[str], rows: list[dict]) -> None:
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=columns, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def _fmt(value: object) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return f"{value:.4g}" if abs(value) < 1000 else f"{value:.0f}"
+    return str(value).replace("|", "\\|").replace("\n", " ")
+
+
+def markdown_table(columns: list[str], rows: list[dict]) -> str:
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(_fmt(row.get(c)) for c in columns) + " |" for row in rows]
+    return "\n".join(lines) + "\n"
+
+
+def _numeric(value: object) -> float | None:
+    try:
+        return float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return None
+
+
+def plot_summary(path: Path, keys: list[str], rows: list[dict]) -> None:
+    """images/s against the swept key, one line a loader; data wait and CPU cost below."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    x_keys = [k for k in keys if k not in ("loader", "loader.name")]
+    x_key = next((k for k in x_keys if all(_numeric(r.get(k)) is not None for r in rows)), None)
+    ok_rows = [r for r in rows if r.get("status") == "ok" and r.get("images_per_s")]
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 7), sharex=True)
+    cpu_axis = bottom.twinx()
+    labels_for_x: list[str] = []
+    # One line a loader and a value of every other swept key that is not on the x axis.
+    series_keys = [k for k in x_keys if k != x_key]
+    lines: dict[str, list[dict]] = {}
+    for row in ok_rows:
+        extra = job_name([f"{k}={row.get(k)}" for k in series_keys], series_keys)
+        lines.setdefault(f"{row.get('loader')}{f' ({extra})' if extra else ''}", []).append(row)
+    for label, line_rows in sorted(lines.items()):
+        if x_key is not None:
+            line_rows = sorted(line_rows, key=lambda r: _numeric(r[x_key]) or 0.0)
+            xs = [_numeric(r[x_key]) for r in line_rows]
+        else:
+            names = [str(r["job"]) for r in line_rows]
+            for name in names:
+                if name not in labels_for_x:
+                    labels_for_x.append(name)
+            xs = [labels_for_x.index(n) for n in names]
+        top.plot(xs, [r["images_per_s"] for r in line_rows], marker="o", label=label)
+        bottom.plot(xs, [r.get("data_wait_frac") or 0.0 for r in line_rows], marker="o")
+        cpu_axis.plot(
+            xs, [r.get("cpu_s_per_1k_images") or 0.0 for r in line_rows], marker="x", linestyle="--"
+        )
+    top.set_ylabel("images / s")
+    top.set_ylim(bottom=0)
+    top.set_title(f"sweep over {', '.join(keys) or 'jobs'}")
+    top.grid(alpha=0.3)
+    if lines:
+        top.legend(title="loader")
+    bottom.set_ylabel("data_wait_frac (solid)")
+    cpu_axis.set_ylabel("CPU s per 1000 images (dashed)")
+    bottom.set_ylim(0, 1.05)
+    bottom.grid(alpha=0.3)
+    if x_key is not None:
+        bottom.set_xlabel(x_key)
+    else:
+        bottom.set_xticks(range(len(labels_for_x)), labels_for_x, rotation=20, ha="right")
+    failed = len(rows) - len(ok_rows)
+    if failed:
+        fig.text(0.01, 0.01, f"{failed} job(s) failed: see summary.md", color="red")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def write_summary(sweep_dir: str | Path) -> tuple[list[str], list[dict]]:
+    """summary.csv, summary.md and summary.png in the sweep directory."""
+    sweep_dir = Path(sweep_dir)
+    keys, rows = collect_rows(sweep_dir)
+    rows.sort(key=_sort_key)
+    metric_columns = [c for c in SUMMARY_METRICS if any(r.get(c) is not None for r in rows)]
+    columns = ["job", *keys, *metric_columns]
+    write_csv(sweep_dir / "summary.csv", columns, rows)
+    failed = sum(r.get("status") != "ok" for r in rows)
+    header = (
+        f"# Sweep {sweep_dir}\n\n{len(rows)} jobs over {', '.join(keys) or '-'}"
+        f"{f', {failed} failed' if failed else ''}; best first.\n\n"
+    )
+    (sweep_dir / "summary.md").write_text(header + markdown_table(columns, rows))
+    plot_summary(sweep_dir / "summary.png", keys, rows)
+    return columns, rows
+
+
+class SweepSummaryCallback(Callback):
+    """At the end of a multirun: the summary files, and a W&B run (job_type ``summary``) in the
+    sweep's group holding the table and the plot."""
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: object) -> None:
+        sweep_dir = Path(config.hydra.sweep.dir)
+        try:
+            columns, rows = write_summary(sweep_dir)
+        except Exception as error:  # a summary must never hide the jobs' own results
+            log.warning("sweep summary failed: %s", error, exc_info=True)
+            return
+        log.info("sweep summary: %s", sweep_dir / "summary.md")
+        logger_cfg = config.get("logger")
+        if logger_cfg is not None and logger_cfg.name == "wandb":
+            log_summary_run(config, sweep_dir, columns, rows)
+        failed = [r["job"] for r in rows if r.get("status") != "ok"]
+        if failed:
+            log.error("%d of %d jobs failed: %s", len(failed), len(rows), ", ".join(failed))
+
+
+def log_summary_run(
+    config: DictConfig, sweep_dir: Path, columns: list[str], rows: list[dict]
+) -> None:
+    from loaderbench.tracking import WandbLogger
+
+    logger = WandbLogger.start(
+        project=config.logger.project,
+        entity=config.logger.entity,
+        mode=config.logger.mode,
+        run_dir=sweep_dir,
+        config={"sweep_dir": str(sweep_dir), "swept_keys": swept_keys(sweep_dir)},
+        job_type="summary",
+        group=sweep_group(config.hydra.job.name, sweep_dir),
+        name="summary",
+        tags=list(config.logger.tags),
+        init_timeout_s=config.logger.init_timeout_s,
+    )
+    if not isinstance(logger, WandbLogger):
+        return
+    import wandb
+
+    table = wandb.Table(columns=columns, data=[[_cell(r.get(c)) for c in columns] for r in rows])
+    plot = wandb.Image(str(sweep_dir / "summary.png"))
+    logger.log({"summary_table": table, "summary_plot": plot})
+    logger.finish()
+
+
+def _cell(value: object) -> object:
+    return value if value is None or isinstance(value, int | float | bool) else str(value)

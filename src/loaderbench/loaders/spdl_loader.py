@@ -12,9 +12,10 @@ One SPDL pipeline per epoch, all in this process (no worker processes):
     sink       ``loader.prefetch`` batches ready for the main loop
 
 Batches are formed before decoding, as in SPDL's imagenet_classification example, because
-SPDL's per-task cost (asyncio task, hand-off to the pool thread and back, stats hooks) was
-measured here at ~1 ms of CPU per task, a third of a 224 px decode: per image it cut the
-loader's images per CPU-second by ~30%, per batch it is lost in the noise. The decode stage
+SPDL's per-task cost (source-thread hand-off, asyncio task, trip to the pool thread and back,
+stats hooks) was measured here at ~1 ms of CPU per task, half a 224 px turbo decode (~1.9 ms):
+one task per image cut the images per CPU second from ~420 (a bare 2-thread pool) to ~290;
+one task per batch matches the bare pool. The decode stage
 keeps input order (``output_order="input"``), so a batch holds the same images as the
 torchvision loader's for the same seed and epoch: runs are reproducible and the loaders
 comparable. The decoders (``loader.decoder``) live in ``loaderbench.decoders``.
