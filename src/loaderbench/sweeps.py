@@ -24,7 +24,7 @@ def swept_keys(sweep_dir: str | Path) -> list[str]:
     if not path.is_file():
         return []
     task_overrides = OmegaConf.load(path).hydra.overrides.task
-    parsed = OverridesParser.create().parse_overrides(list(task_overrides))
+    parsed = OverridesParser.create().parse_overrides([str(o) for o in task_overrides])
     return [o.get_key_element() for o in parsed if o.is_sweep_override()]
 
 
