@@ -42,3 +42,8 @@ format: install
 
 clean:
 	rm -rf outputs cache .pytest_cache
+
+# The benchmark report (bench/report.md, bench/report.png); BENCH_ARGS=--quick for a small run.
+BENCH_ARGS ?=
+bench: install
+	$(PY) -m loaderbench.bench $(BENCH_ARGS)

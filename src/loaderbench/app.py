@@ -21,13 +21,14 @@ from torch import nn
 
 from loaderbench import __version__
 from loaderbench.checkpoint import load_checkpoint, rng_state, save_checkpoint
-from loaderbench.data import DatasetIndex, discover
+from loaderbench.data import DatasetIndex, discover, resolve_path
 from loaderbench.engine import TrainStep, consume, evaluate, train_one_epoch
 from loaderbench.loaders import Loader, build_loader, loader_spec
 from loaderbench.locking import atomic_write_text
 from loaderbench.meters import CpuWindow, LoopMeter, ProcessTreeMonitor
 from loaderbench.models import NO_MODEL, build_model, maybe_compile
 from loaderbench.optim import build_optimizer, build_scheduler
+from loaderbench.pagecache import evict, files_under
 from loaderbench.runtime import (
     Precision,
     resolve_device,
@@ -147,6 +148,7 @@ def open_run(cfg: DictConfig, task: str) -> Iterator[Run]:
             val_size=len(dataset.val),
             dataset_root=str(dataset.root),
         )
+        metrics["page_cache"] = prepare_page_cache(cfg, dataset)
         group, name = sweep_identity()
         logger = build_logger(
             cfg.logger,
@@ -176,6 +178,19 @@ def open_run(cfg: DictConfig, task: str) -> Iterator[Run]:
             logger.summary({k: v for k, v in metrics.items() if v is not None})
             logger.finish(exit_code=0 if metrics["status"] == "ok" else 1)
         log.info("metrics: %s", json.dumps(metrics, sort_keys=True))
+
+
+def prepare_page_cache(cfg: DictConfig, dataset: DatasetIndex) -> str:
+    """``cold`` after evicting the images and the loader's cache; ``warm`` (as found) else."""
+    if not cfg.bench.drop_page_cache:
+        return "warm"
+    paths = [*dataset.train.paths, *dataset.val.paths]
+    cache_dir = cfg.loader.get("cache_dir")
+    if cache_dir:
+        paths += files_under(resolve_path(cache_dir))
+    files, nbytes = evict(paths)
+    log.info("evicted %d files (%.1f MB) from the page cache", files, nbytes / 2**20)
+    return "cold"
 
 
 def loop_metrics(meter: LoopMeter, cpu_s: float) -> dict[str, Any]:

@@ -137,6 +137,9 @@ class BenchConfig:
     epochs: int = 1
     # Wait for the device after each step, so compute and data time are not blurred.
     sync_cuda: bool = True
+    # Evict the image files and the loader's cache files from the page cache before the run
+    # (posix_fadvise DONTNEED), to measure a cold first epoch.
+    drop_page_cache: bool = False
 
 
 @dataclass

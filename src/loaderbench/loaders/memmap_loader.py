@@ -272,6 +272,7 @@ class MemmapLoader(Loader):
             "cache_built": self.cache.built,
             "cache_build_s": meta["build_s"],
             "cache_build_images_per_s": meta["build_images_per_s"],
+            "cache_build_steady_images_per_s": meta["build_steady_images_per_s"],
             "cache_gb": self._images.numel() / 1e9,
             "bytes_per_image": 3 * self.spec.image_size**2,
         }

@@ -1,0 +1,403 @@
+"""``make bench``: the benchmark report, on one data set, in one go.
+
+It runs, one after another so nothing competes for the cores:
+
+1. the limits that give the numbers a meaning: this machine's CPU decode limit (cores x the
+   single-core rate of the fastest JPEG decode + resize, ``bench_limits``) and its memory-copy
+   bandwidth (what a reader of uint8 images from RAM, the memmap loader, cannot beat);
+2. the project's loaders with ``model=none`` (the loader benchmark), val and train pipelines,
+   over a worker sweep: real ``eval.py`` / ``train.py --multirun`` runs, so the numbers are the
+   ones users get;
+3. the peers: the classic torchvision float pipeline (the tensordict tutorial's "regular"
+   loader) and the tutorial's tensorclass loader, timed with the same meter on the same files.
+
+It writes ``bench/report.md`` and ``bench/report.png``: each pipeline's images/s, its share of
+its limit, CPU seconds per 1000 images and data wait. ``--quick`` runs a small version (CI).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from loaderbench.bench_limits import DecodeLimit, measure_decode_limit, usable_cores
+from loaderbench.synthetic import SyntheticSpec, ensure_synthetic
+
+REPO = Path(__file__).resolve().parents[2]
+LOADERS = ("torchvision", "memmap", "spdl")
+
+
+@dataclass
+class Options:
+    out: Path
+    quick: bool = False
+    image_size: int = 224
+    batch_size: int = 32
+    workers: tuple[int, ...] = (1, 2)
+    epochs: int = 2
+    drop_page_cache: bool = False
+    root: Path | None = None
+
+    @property
+    def spec(self) -> SyntheticSpec:
+        if self.quick:
+            return SyntheticSpec(num_classes=4, train_per_class=24, val_per_class=24)
+        return SyntheticSpec()
+
+
+@dataclass
+class Row:
+    pipeline: str  # val | train
+    name: str
+    workers: int | None
+    images_per_s: float | None
+    cpu_s_per_1k_images: float | None = None
+    data_wait_frac: float | None = None
+    ttfb_s: float | None = None
+    limit_name: str = ""
+    limit_images_per_s: float | None = None
+    note: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def share(self) -> float | None:
+        if not self.images_per_s or not self.limit_images_per_s:
+            return None
+        return self.images_per_s / self.limit_images_per_s
+
+
+def memory_copy_bandwidth(nbytes: int = 256 * 2**20, repeats: int = 5) -> float:
+    """Bytes per second of a large uint8 tensor copy (the best of ``repeats``)."""
+    src = torch.randint(0, 255, (nbytes,), dtype=torch.uint8)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        dst.copy_(src)
+        best = min(best, time.perf_counter() - start)
+    return nbytes / best
+
+
+def run_sweep(opts: Options, root: Path, task: str) -> list[dict[str, str]]:
+    """``model=none`` multirun of every loader over the worker counts; the summary's rows."""
+    script = "eval.py" if task == "val" else "train.py"
+    sweep_dir = opts.out / "work" / task
+    cmd = [
+        sys.executable,
+        str(REPO / script),
+        "--multirun",
+        "model=none",
+        "logger=none",
+        f"loader={','.join(LOADERS)}",
+        f"loader.num_workers={','.join(map(str, opts.workers))}",
+        f"loader.batch_size={opts.batch_size}",
+        f"image_size={opts.image_size}",
+        f"dataset.root={root}",
+        f"bench.epochs={opts.epochs}",
+        f"bench.drop_page_cache={str(opts.drop_page_cache).lower()}",
+        f"hydra.sweep.dir={sweep_dir}",
+    ]
+    if task == "train":
+        cmd.append("augment.scale=[0.08,1.0]")
+    print("$", " ".join(cmd[1:]), flush=True)
+    subprocess.run(cmd, cwd=REPO, check=True)
+    with open(sweep_dir / "summary.csv") as f:
+        return list(csv.DictReader(f))
+
+
+def _float(value: str | None) -> float | None:
+    try:
+        return float(value) if value not in (None, "") else None
+    except ValueError:
+        return None
+
+
+def loader_rows(
+    task: str, rows: list[dict[str, str]], decode: DecodeLimit, copy_images_per_s: float
+) -> list[Row]:
+    out = []
+    for r in rows:
+        memmap = r["loader"] == "memmap"
+        out.append(
+            Row(
+                pipeline=task,
+                name=r["loader"],
+                workers=int(r["num_workers"]),
+                images_per_s=_float(r.get("images_per_s")),
+                cpu_s_per_1k_images=_float(r.get("cpu_s_per_1k_images")),
+                data_wait_frac=_float(r.get("data_wait_frac")),
+                ttfb_s=_float(r.get("ttfb_s")),
+                limit_name="memory copy" if memmap else "CPU decode",
+                limit_images_per_s=copy_images_per_s if memmap else decode.images_per_s,
+                note="" if r.get("status") == "ok" else f"failed: {r.get('error')}",
+            )
+        )
+    return out
+
+
+def peer_rows(opts: Options, root: Path, decode: DecodeLimit) -> list[Row]:
+    """The peers, timed in this process with the project's meter."""
+    from omegaconf import OmegaConf
+
+    from loaderbench.config import DatasetConfig
+    from loaderbench.data import discover
+    from loaderbench.meters import CpuWindow, LoopMeter, ProcessTreeMonitor
+    from loaderbench.peers import (
+        build_tutorial_tensorclass,
+        classic_loader,
+        tutorial_tensorclass_loader,
+    )
+
+    cfg = OmegaConf.structured(DatasetConfig)
+    cfg.name, cfg.root = "folder", str(root)
+    index = discover(cfg)
+    rows = []
+
+    def measure(loader: Any) -> dict[str, Any]:
+        meter = LoopMeter(warmup_batches=3)
+        with ProcessTreeMonitor() as monitor:
+            window = CpuWindow(monitor)
+            for _ in range(opts.epochs):
+                with window:
+                    for _ in meter.iterate(loader):
+                        pass
+        summary = meter.summary()
+        images = summary["images"] or 1
+        return {**summary, "cpu_s_per_1k_images": 1000 * window.cpu_s / images}
+
+    for task in ("val", "train"):
+        split = index.val if task == "val" else index.train
+        train = task == "train"
+        for workers in opts.workers:
+            result = measure(
+                classic_loader(split, opts.image_size, train, opts.batch_size, workers)
+            )
+            rows.append(
+                Row(
+                    task,
+                    "classic (float in workers)",
+                    workers,
+                    result["images_per_s"],
+                    result["cpu_s_per_1k_images"],
+                    result["data_wait_frac"],
+                    result["ttfb_s"],
+                    "CPU decode",
+                    decode.images_per_s,
+                )
+            )
+        data = build_tutorial_tensorclass(split, opts.image_size, train, max(opts.workers))
+        result = measure(tutorial_tensorclass_loader(data, opts.image_size, train, opts.batch_size))
+        rows.append(
+            Row(
+                task,
+                "tutorial tensorclass",
+                0,
+                result["images_per_s"],
+                result["cpu_s_per_1k_images"],
+                result["data_wait_frac"],
+                result["ttfb_s"],
+                "",
+                None,
+                "single process; CPU float collate",
+            )
+        )
+    return rows
+
+
+def _fmt(value: Any, digits: int = 1) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:,.{digits}f}"
+    return str(value)
+
+
+def write_report(
+    opts: Options,
+    rows: list[Row],
+    decode: DecodeLimit,
+    copy_bps: float,
+    image_bytes: int,
+    wall_s: float,
+) -> None:
+    lines = [
+        "# Benchmark report",
+        "",
+        f"Machine: {platform.machine()}, {usable_cores()} usable cores, Python "
+        f"{platform.python_version()}, torch {torch.__version__}. Data: "
+        f"{'quick ' if opts.quick else ''}synthetic ImageNet-like JPEGs at {opts.root}; "
+        f"image_size {opts.image_size}, batch_size {opts.batch_size}, {opts.epochs} passes, "
+        f"page cache: {'cold (evicted before each run)' if opts.drop_page_cache else 'warm'}. "
+        f"All runs `model=none` on the CPU, one after another; {wall_s:.0f} s in all.",
+        "",
+        "## Limits",
+        "",
+        "| limit | value |",
+        "|---|---|",
+    ]
+    for rate in sorted(decode.rates, key=lambda r: -r.images_per_s):
+        lines.append(
+            f"| single-core {rate.name} decode + resize | {rate.images_per_s:,.1f} images/s |"
+        )
+    lines += [
+        f"| CPU decode limit ({decode.cores} cores x {decode.best.name}) | "
+        f"{decode.images_per_s:,.1f} images/s |",
+        f"| memory-copy bandwidth | {copy_bps / 1e9:,.2f} GB/s = "
+        f"{copy_bps / image_bytes:,.0f} images/s of {image_bytes:,} bytes |",
+        "",
+        "## Pipelines",
+        "",
+        "Share = images/s over the pipeline's limit (CPU decode for decoding loaders, memory "
+        "copy for the memmap reader).",
+        "",
+        "| pipeline | loader | workers | images/s | share of limit | limit | CPU s / 1k images "
+        "| data wait | ttfb s | note |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        lines.append(
+            f"| {row.pipeline} | {row.name} | {_fmt(row.workers)} | {_fmt(row.images_per_s)} | "
+            f"{_fmt(row.share and 100 * row.share)}{'%' if row.share else ''} | "
+            f"{row.limit_name or '-'} | {_fmt(row.cpu_s_per_1k_images, 2)} | "
+            f"{_fmt(row.data_wait_frac, 3)} | {_fmt(row.ttfb_s, 2)} | {row.note} |"
+        )
+    lines += ["", "## Ratios at the same worker count", ""]
+    for task in ("val", "train"):
+        for workers in opts.workers:
+            by_name = {r.name: r for r in rows if r.pipeline == task and r.workers == workers}
+            base = by_name.get("torchvision")
+            if not base or not base.images_per_s:
+                continue
+            parts = [
+                f"{name} {r.images_per_s / base.images_per_s:.1f}x"
+                for name, r in by_name.items()
+                if name != "torchvision" and r.images_per_s
+            ]
+            lines.append(f"- {task}, {workers} workers, vs torchvision: {', '.join(parts)}")
+    tutorial = {r.pipeline: r for r in rows if r.name == "tutorial tensorclass"}
+    for task in ("val", "train"):
+        memmap = [r for r in rows if r.pipeline == task and r.name == "memmap" and r.images_per_s]
+        if memmap and tutorial.get(task) and tutorial[task].images_per_s:
+            best = max(r.images_per_s for r in memmap)  # type: ignore[type-var]
+            lines.append(
+                f"- {task}: memmap (best) vs the tutorial's tensorclass loader: "
+                f"{best / tutorial[task].images_per_s:.1f}x"
+            )
+    lines += ["", f"Command: `make bench{' BENCH_ARGS=--quick' if opts.quick else ''}`", ""]
+    (opts.out / "report.md").write_text("\n".join(lines))
+    (opts.out / "report.json").write_text(
+        json.dumps(
+            {
+                "rows": [{**row.__dict__, "share": row.share} for row in rows],
+                "decode_limit": decode.as_dict(),
+                "memory_copy_bytes_per_s": copy_bps,
+            },
+            indent=1,
+        )
+    )
+    plot_report(opts.out / "report.png", rows)
+
+
+def plot_report(path: Path, rows: list[Row]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(13, 5.5))
+    for ax, task in zip(axes, ("val", "train"), strict=True):
+        task_rows = [r for r in rows if r.pipeline == task and r.images_per_s]
+        labels = [f"{r.name}\n{r.workers}w" for r in task_rows]
+        values = [r.images_per_s for r in task_rows]
+        bars = ax.bar(
+            range(len(values)),
+            values,
+            color=[
+                {"torchvision": "C0", "memmap": "C1", "spdl": "C2"}.get(r.name, "C7")
+                for r in task_rows
+            ],
+        )
+        for bar, row in zip(bars, task_rows, strict=True):
+            if row.share:
+                ax.annotate(
+                    f"{100 * row.share:.0f}%",
+                    (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+                    ha="center",
+                    va="bottom",
+                    fontsize=8,
+                )
+        ax.set_xticks(range(len(labels)), labels, rotation=45, ha="right", fontsize=8)
+        ax.set_yscale("log")
+        ax.set_ylabel("images / s (log)")
+        ax.set_title(f"{task} pipeline (labels: share of the limit)")
+        ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=REPO / "bench")
+    parser.add_argument("--quick", action="store_true", help="small data, for CI")
+    parser.add_argument("--image-size", type=int, default=224)
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--workers", default=None, help="comma-separated worker counts")
+    parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--drop-page-cache", action="store_true")
+    args = parser.parse_args(argv)
+    cores = usable_cores()
+    workers = (
+        tuple(int(w) for w in args.workers.split(","))
+        if args.workers
+        else tuple(sorted({1, cores}))
+    )
+    opts = Options(
+        out=args.out.absolute(),
+        quick=args.quick,
+        image_size=args.image_size,
+        batch_size=args.batch_size,
+        workers=workers,
+        epochs=args.epochs,
+        drop_page_cache=args.drop_page_cache,
+    )
+    opts.out.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    root = ensure_synthetic(
+        opts.spec, (opts.out / "work" / "data") if opts.quick else REPO / "data"
+    )
+    opts.root = root
+    os.environ.setdefault("WANDB_MODE", "disabled")
+
+    from loaderbench.data import scan_image_folder
+
+    _, val_paths, _ = scan_image_folder(root / "val")
+    decode = measure_decode_limit(
+        val_paths[: 48 if opts.quick else 200], opts.image_size, repeats=1 if opts.quick else 3
+    )
+    copy_bps = memory_copy_bandwidth(64 * 2**20 if opts.quick else 256 * 2**20)
+    image_bytes = 3 * opts.image_size * opts.image_size
+    rows: list[Row] = []
+    for task in ("val", "train"):
+        rows += loader_rows(task, run_sweep(opts, root, task), decode, copy_bps / image_bytes)
+    rows += peer_rows(opts, root, decode)
+    rows.sort(key=lambda r: (r.pipeline != "val", r.name, r.workers or 0))
+    write_report(opts, rows, decode, copy_bps, image_bytes, time.perf_counter() - started)
+    print((opts.out / "report.md").read_text())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
