@@ -47,6 +47,7 @@ from typing import Any
 import numpy as np
 import PIL
 import torch
+import torch.nn.functional as F
 from PIL import Image
 from tensordict import MemoryMappedTensor, TensorClass
 from torch.utils.data import DataLoader, Dataset
@@ -150,12 +151,14 @@ def fit_size(width: int, height: int, long_side: int) -> tuple[int, int]:
     return max(1, round(width * scale)), max(1, round(height * scale))
 
 
-def decode_fit(path: str, long_side: int) -> np.ndarray:
+def decode_fit(path: str, long_side: int) -> torch.Tensor:
     """The train image, uint8 (h, w, 3), aspect kept, long side shrunk to at most ``long_side``.
 
     JPEGs are decoded at the smallest of 1/1, 1/2, 1/4, 1/8 scale that is still at least the
-    target size (``Image.draft``: the DCT does the first, power-of-two part of the shrink), then
-    resized with PIL's antialiased bilinear filter, as torchvision's Resize would.
+    target size (``Image.draft``: the DCT does the power-of-two part of the shrink), then resized
+    with an antialiased bilinear filter: torch's uint8 kernel, which computes PIL's BILINEAR
+    resize (to within a grey level) in half the time; with it the build keeps pace with the
+    torchvision loader's decoding.
     """
     with open(path, "rb") as f:
         image = Image.open(f)
@@ -163,18 +166,20 @@ def decode_fit(path: str, long_side: int) -> np.ndarray:
         if target != image.size:
             image.draft("RGB", target)
         image.load()
-    image = image.convert("RGB")
-    if image.size != target:
-        image = image.resize(target, Image.Resampling.BILINEAR)
-    return np.array(image)  # writable, as torch.from_numpy wants
+    pixels = torch.from_numpy(np.array(image.convert("RGB")))  # np.array: writable
+    if (pixels.shape[1], pixels.shape[0]) == target:
+        return pixels
+    nchw = pixels.permute(2, 0, 1)[None]  # channels-last view: the kernel's fast layout
+    resized = F.interpolate(nchw, size=(target[1], target[0]), mode="bilinear", antialias=True)
+    return resized[0].permute(1, 2, 0)
 
 
-def write_fit(row: torch.Tensor, pixels: np.ndarray) -> None:
+def write_fit(row: torch.Tensor, pixels: torch.Tensor) -> None:
     """Put an (h, w, 3) image at the top left of an (L, L, 3) row, plus one replicated pixel
     right of and below it: a bilinear sampler (roi_align) reads up to half a pixel past a box's
     edge, and must find the edge there, not black padding."""
     h, w = pixels.shape[:2]
-    row[:h, :w] = torch.from_numpy(pixels)
+    row[:h, :w] = pixels
     if w < row.shape[1]:
         row[:h, w] = row[:h, w - 1]
     if h < row.shape[0]:
