@@ -19,10 +19,11 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
-from loaderbench import __version__
+from loaderbench import __version__, distributed
 from loaderbench.checkpoint import load_checkpoint, rng_state, save_checkpoint
 from loaderbench.data import DatasetIndex, discover, resolve_path
-from loaderbench.engine import TrainStep, consume, evaluate, train_one_epoch
+from loaderbench.distributed import DistInfo
+from loaderbench.engine import EvalCounts, TrainStep, consume, evaluate, train_one_epoch
 from loaderbench.loaders import Loader, build_loader, loader_spec
 from loaderbench.locking import atomic_write_text
 from loaderbench.meters import CpuWindow, LoopMeter, ProcessTreeMonitor
@@ -37,7 +38,7 @@ from loaderbench.runtime import (
     synchronizer,
 )
 from loaderbench.sweeps import job_name, sweep_group, swept_keys
-from loaderbench.tracking import RunLogger, build_logger
+from loaderbench.tracking import NullLogger, RunLogger, build_logger
 from loaderbench.validation import validate_config
 
 log = logging.getLogger(__name__)
@@ -61,9 +62,17 @@ class Run:
     monitor: ProcessTreeMonitor
     started: float
     metrics: dict[str, Any] = field(default_factory=dict)
+    dist: DistInfo = field(default_factory=DistInfo)
 
     def loader(self, split: str, *, train: bool) -> Loader:
-        spec = loader_spec(self.cfg, self.dataset.split(split), train=train, device=self.device)
+        spec = loader_spec(
+            self.cfg,
+            self.dataset.split(split),
+            train=train,
+            device=self.device,
+            rank=self.dist.rank,
+            world_size=self.dist.world_size,
+        )
         spec.options.setdefault("on_error", self.cfg.dataset.on_error)
         return build_loader(self.cfg.loader.name, spec)
 
@@ -135,10 +144,15 @@ def open_run(cfg: DictConfig, task: str) -> Iterator[Run]:
     metrics = base_metrics(cfg, task, None)
     logger: RunLogger | None = None
     monitor = ProcessTreeMonitor()
+    info = distributed.dist_info()
     try:
         validate_config(cfg)
         seed_everything(cfg.seed)
-        device = resolve_device(cfg.device)
+        device = resolve_device(cfg.device, info.local_rank if info.enabled else None)
+        distributed.init(info, device)
+        metrics["world_size"] = info.world_size
+        if not info.is_main:  # one rank speaks for the job
+            logging.getLogger("loaderbench").setLevel(logging.WARNING)
         precision = resolve_precision(cfg.precision.name, device)
         metrics["device"] = str(device)
         dataset = discover(cfg.dataset)
@@ -150,17 +164,28 @@ def open_run(cfg: DictConfig, task: str) -> Iterator[Run]:
         )
         metrics["page_cache"] = prepare_page_cache(cfg, dataset)
         group, name = sweep_identity()
-        logger = build_logger(
-            cfg.logger,
-            run_dir=run_dir,
-            config=OmegaConf.to_container(cfg, resolve=True),
-            job_type=task,
-            group=group,
-            name=name,
+        logger = (
+            NullLogger()
+            if not info.is_main
+            else build_logger(
+                cfg.logger,
+                run_dir=run_dir,
+                config=OmegaConf.to_container(cfg, resolve=True),
+                job_type=task,
+                group=group,
+                name=name,
+            )
         )
         monitor.start()
-        run = Run(cfg, task, run_dir, device, precision, dataset, logger, monitor, started, metrics)
+        run = Run(
+            cfg, task, run_dir, device, precision, dataset, logger, monitor, started, metrics, info
+        )
         yield run
+        monitor.sample()
+        peak, skipped = distributed.all_reduce(
+            [float(monitor.peak_rss_bytes), float(metrics.get("skipped_files", 0))]
+        )
+        monitor.peak_rss_bytes, metrics["skipped_files"] = int(peak), int(skipped)
         metrics["status"] = "ok"
     except KeyboardInterrupt:
         metrics["status"] = "interrupted"
@@ -173,7 +198,9 @@ def open_run(cfg: DictConfig, task: str) -> Iterator[Run]:
         monitor.stop()
         metrics["peak_rss_mb"] = monitor.peak_rss_bytes / 2**20
         metrics["wall_s"] = time.perf_counter() - started
-        write_metrics(run_dir, metrics)
+        if info.is_main:
+            write_metrics(run_dir, metrics)
+        distributed.shutdown()
         if logger is not None:
             logger.summary({k: v for k, v in metrics.items() if v is not None})
             logger.finish(exit_code=0 if metrics["status"] == "ok" else 1)
@@ -220,7 +247,28 @@ def benchmark_loader(run: Run, loader: Loader, epochs: int) -> dict[str, Any]:
                 max_batches=run.cfg.bench.max_batches,
                 desc=f"{run.cfg.loader.name} epoch {epoch}",
             )
-    return loop_metrics(meter, window.cpu_s)
+    return distributed.reduce_loop_metrics(loop_metrics(meter, window.cpu_s), run.dist.world_size)
+
+
+def reduce_counts(counts: EvalCounts) -> EvalCounts:
+    """Accuracy over the whole val set: every rank's sums added up."""
+    images, top1, top5, loss_sum = distributed.all_reduce(
+        [counts.images, counts.correct_top1, counts.correct_top5, counts.loss_sum]
+    )
+    return EvalCounts(int(images), int(top1), int(top5), loss_sum)
+
+
+def _parallel_models(run: Run, model: nn.Module) -> tuple[nn.Module, nn.Module]:
+    """(the model to train, the model to evaluate): DDP around the first in a torchrun job."""
+    if not run.dist.enabled:
+        compiled = maybe_compile(model, run.cfg.model)
+        return compiled, compiled
+    from torch.nn.parallel import DistributedDataParallel
+
+    device_ids = [run.device.index] if run.device.type == "cuda" else None
+    return maybe_compile(
+        DistributedDataParallel(model, device_ids=device_ids), run.cfg.model
+    ), model
 
 
 def _unwrap(model: nn.Module) -> nn.Module:
@@ -263,8 +311,9 @@ def _fit(run: Run, model: nn.Module, train_loader: Loader) -> None:
         )
     optimizer = build_optimizer(cfg.optim, model)
     scheduler = build_scheduler(cfg.scheduler, optimizer, steps_per_epoch, cfg.epochs)
+    train_model, eval_model = _parallel_models(run, model)
     step = TrainStep(
-        model=maybe_compile(model, cfg.model),
+        model=train_model,
         optimizer=optimizer,
         scheduler=scheduler,
         criterion=nn.CrossEntropyLoss(label_smoothing=cfg.train.label_smoothing),
@@ -288,15 +337,20 @@ def _fit(run: Run, model: nn.Module, train_loader: Loader) -> None:
                     max_batches=cfg.bench.max_batches,
                     desc=f"epoch {epoch + 1}/{cfg.epochs}",
                 )
-            val = evaluate(
-                step.model,
+            counts = evaluate(
+                eval_model,
                 val_loader,
                 run.precision,
                 run.device,
                 run.meter(),
                 desc=f"val {epoch + 1}/{cfg.epochs}",
-            ).metrics()
-            so_far = loop_metrics(meter, window.cpu_s)
+            )
+            val = reduce_counts(counts).metrics()
+            (loss,) = distributed.all_reduce([loss])
+            loss /= run.dist.world_size
+            so_far = distributed.reduce_loop_metrics(
+                loop_metrics(meter, window.cpu_s), run.dist.world_size
+            )
             metrics.update(so_far, loss=loss, epochs=epoch + 1, **val)
             lr = optimizer.param_groups[0]["lr"]
             log.info(
@@ -322,6 +376,8 @@ def _fit(run: Run, model: nn.Module, train_loader: Loader) -> None:
                 },
                 step=epoch + 1,
             )
+            if not run.dist.is_main:
+                continue
             save_checkpoint(
                 checkpoint_path,
                 {
@@ -371,7 +427,12 @@ def evaluate_checkpoint(cfg: DictConfig) -> dict[str, Any]:
                         meter,
                         max_batches=cfg.bench.max_batches,
                     )
-                metrics.update(loop_metrics(meter, window.cpu_s), **counts.metrics())
+                metrics.update(
+                    distributed.reduce_loop_metrics(
+                        loop_metrics(meter, window.cpu_s), run.dist.world_size
+                    ),
+                    **reduce_counts(counts).metrics(),
+                )
         finally:
             val_loader.close()
             metrics["skipped_files"] = val_loader.stats().get("skipped_files", 0)

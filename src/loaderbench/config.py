@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING
+from omegaconf import MISSING, OmegaConf
 
 
 @dataclass
@@ -199,8 +199,18 @@ _LOADER_SCHEMAS: dict[str, type] = {
 }
 
 
+def _run_stamp(default: str) -> str:
+    """The run directory's last part: shared by every rank of one torchrun/SLURM launch, so
+    they all write into one run directory; the time of day otherwise."""
+    from loaderbench.distributed import run_id
+
+    return run_id() or default
+
+
 def register_configs() -> None:
     """Register the schemas with Hydra's ConfigStore (idempotent)."""
+    if not OmegaConf.has_resolver("run_stamp"):
+        OmegaConf.register_new_resolver("run_stamp", _run_stamp)
     store = ConfigStore.instance()
     store.store(name="run_schema", node=RunConfig)
     for group, schema in _SCHEMAS.items():

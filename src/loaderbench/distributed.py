@@ -1,0 +1,115 @@
+"""Data-parallel runs: torchrun (or SLURM through submitit) starts the processes; this module
+only reads where each one stands, joins the process group and reduces the numbers.
+
+Every rank runs the same job; rank 0 alone writes metrics.json, the checkpoint and the W&B run.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class DistInfo:
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.world_size > 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def _slurm_env_for_torch() -> None:
+    """Under a SLURM job of several tasks (hydra/launcher=slurm), export torch's variables."""
+    if "RANK" in os.environ or int(os.environ.get("SLURM_NTASKS", "1")) <= 1:
+        return
+    try:
+        from submitit.helpers import TorchDistributedEnvironment
+    except ImportError:  # pragma: no cover - submitit ships with the launcher plugin
+        return
+    TorchDistributedEnvironment().export(set_cuda_visible_devices=False)
+
+
+def dist_info() -> DistInfo:
+    _slurm_env_for_torch()
+    return DistInfo(
+        rank=int(os.environ.get("RANK", "0")),
+        world_size=int(os.environ.get("WORLD_SIZE", "1")),
+        local_rank=int(os.environ.get("LOCAL_RANK", "0")),
+    )
+
+
+def run_id() -> str | None:
+    """An id every rank of one launch shares (torchrun's run id, or SLURM's job id)."""
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and os.environ.get("TORCHELASTIC_RUN_ID"):
+        return f"torchrun-{os.environ['TORCHELASTIC_RUN_ID']}"
+    if int(os.environ.get("SLURM_NTASKS", "1")) > 1 and os.environ.get("SLURM_JOB_ID"):
+        return f"slurm-{os.environ['SLURM_JOB_ID']}"
+    return None
+
+
+def init(info: DistInfo, device: torch.device, timeout_s: float = 600) -> None:
+    if not info.enabled or dist.is_initialized():
+        return
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    dist.init_process_group(
+        backend=backend,
+        timeout=datetime.timedelta(seconds=timeout_s),
+        device_id=device if device.type == "cuda" else None,
+    )
+
+
+def shutdown() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def barrier() -> None:
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def all_reduce(values: list[float], op: str = "sum") -> list[float]:
+    """Sum (or max) of each value across ranks; the identity in a single process."""
+    if not dist.is_initialized():
+        return values
+    device = (
+        torch.device("cuda", torch.cuda.current_device())
+        if (dist.get_backend() == "nccl")
+        else torch.device("cpu")
+    )
+    tensor = torch.tensor(values, dtype=torch.float64, device=device)
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.SUM)
+    return tensor.tolist()
+
+
+def reduce_loop_metrics(metrics: dict[str, Any], world_size: int) -> dict[str, Any]:
+    """Throughput and images add up over ranks; CPU and memory too; start-up takes the slowest
+    rank; shares are averaged."""
+    if world_size <= 1:
+        return metrics
+    keys_sum = ["images", "images_per_s", "cpu_s", "loop_s"]
+    keys_max = ["ttfb_s"]
+    keys_mean = ["data_wait_frac"]
+    out = dict(metrics)
+    sums = all_reduce([float(metrics.get(k) or 0.0) for k in keys_sum])
+    maxes = all_reduce([float(metrics.get(k) or 0.0) for k in keys_max], op="max")
+    means = all_reduce([float(metrics.get(k) or 0.0) for k in keys_mean])
+    out.update(zip(keys_sum, sums, strict=True))
+    out.update(zip(keys_max, maxes, strict=True))
+    out.update({k: v / world_size for k, v in zip(keys_mean, means, strict=True)})
+    out["images"] = int(out["images"])
+    out["loop_s"] = out["loop_s"] / world_size
+    out["cpu_s_per_1k_images"] = 1000 * out["cpu_s"] / out["images"] if out["images"] else None
+    return out
