@@ -70,6 +70,19 @@ def wandb_mode(configured: str | None) -> str:
     return mode
 
 
+def _define_metrics(run: Any) -> None:
+    """Per-epoch curves against ``epoch``; throughput and accuracy as summary columns (the best
+    epoch's accuracy, the last epoch's throughput), so sweep tables compare them directly."""
+    try:
+        run.define_metric("epoch")
+        for pattern in ("train/*", "val/*"):
+            run.define_metric(pattern, step_metric="epoch")
+        run.define_metric("val/top1", step_metric="epoch", summary="max,last")
+        run.define_metric("train/images_per_s", step_metric="epoch", summary="mean,last")
+    except Exception as error:  # an old server or SDK: curves still log, only less tidy
+        log.debug("W&B define_metric failed: %s", error)
+
+
 class WandbLogger:
     """One W&B run per job, finished at the job's end."""
 
@@ -131,6 +144,7 @@ class WandbLogger:
                 )
                 continue
             log.info("W&B run %s (%s) in %s", run.id, attempt_mode, run.dir)
+            _define_metrics(run)
             return cls(run)
         return NullLogger()
 

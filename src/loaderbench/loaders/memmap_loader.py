@@ -56,7 +56,6 @@ log = logging.getLogger(__name__)
 DEFAULT_CACHE_DIR = "cache"
 DEFAULT_TRAIN_STORE_RATIO = 1.5
 ON_ERROR = ("skip", "raise")
-HELP = True
 
 
 @dataclass
@@ -105,24 +104,6 @@ class BufferPool:
             if len(self._buffers) < self.capacity:
                 self._buffers.append(buffer)
             return buffer[:rows]
-
-
-@dataclass
-class _Job:
-    """One batch in flight: a thread's future, or done by the caller (``ready``, ``result``)."""
-
-    future: Future[_Gathered | None]
-    number: int
-    indices: torch.Tensor
-    result: _Gathered | None = None
-    ready: bool = False
-
-    def __post_init__(self) -> None:
-        self.future.add_done_callback(self._done)
-
-    def _done(self, future: Future[_Gathered | None]) -> None:
-        if not future.cancelled():
-            self.ready = True
 
 
 @register_loader("memmap")
@@ -255,48 +236,32 @@ class MemmapLoader(Loader):
                     yield self._deliver(gathered)
             return
         workers = self.spec.num_workers
-        ahead = self.spec.prefetch * workers
         pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="memmap-loader")
         with self._lock:
             self._pools.add(pool)
         jobs = iter(enumerate(batches))
-        pending: deque[_Job] = deque()
+        pending: deque[Future[_Gathered | None]] = deque()
 
         def submit() -> None:
             job = next(jobs, None)
             if job is not None:
-                pending.append(_Job(pool.submit(self._gather, epoch, *job), *job))
+                pending.append(pool.submit(self._gather, epoch, *job))
 
         try:
-            for _ in range(ahead):
+            for _ in range(self.spec.prefetch * workers):
                 submit()
             while pending:
-                gathered = self._next_result(pending, epoch)
+                gathered = pending.popleft().result()
                 submit()
                 if gathered is not None:
                     yield self._deliver(gathered)
         finally:
             # Reached on exhaustion, on close() and when the iterator is garbage-collected.
-            for job in pending:
-                job.future.cancel()
+            for future in pending:
+                future.cancel()
             pool.shutdown(wait=True, cancel_futures=True)
             with self._lock:
                 self._pools.discard(pool)
-
-    def _next_result(self, pending: deque[_Job], epoch: int) -> _Gathered | None:
-        """The first job's batch. Until it is ready, the caller does queued jobs that no thread
-        has started, rather than sleep: waking up again costs more than a gather, on a busy
-        machine, and with the threads ahead (a model to feed) it never has to."""
-        while not pending[0].ready and HELP:
-            for job in pending:
-                if job.future.cancel():
-                    job.result = self._gather(epoch, job.number, job.indices)
-                    job.ready = True
-                    break
-            else:
-                break  # all started: wait for the first
-        job = pending.popleft()
-        return job.result if job.ready and job.future.cancelled() else job.future.result()
 
     def stats(self) -> dict[str, Any]:
         meta = self.cache.meta

@@ -1,0 +1,30 @@
+"""Cold-cache runs: files really leave the page cache, and the run says it measured cold."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from loaderbench.pagecache import evict, files_under, resident_fraction
+from tests.conftest import run_entry, single_run
+
+
+def test_evict_drops_a_file_from_the_page_cache(tmp_path: Path) -> None:
+    path = tmp_path / "blob.bin"
+    path.write_bytes(os.urandom(8 * 2**20))
+    path.read_bytes()
+    assert resident_fraction(path) > 0.9
+    files, nbytes = evict(files_under(tmp_path))
+    assert (files, nbytes) == (1, 8 * 2**20)
+    assert resident_fraction(path) < 0.1
+    path.read_bytes()
+    assert resident_fraction(path) > 0.9
+
+
+@pytest.mark.slow
+def test_cold_run_is_labelled(tiny_root: Path, tmp_path: Path) -> None:
+    run_entry("eval.py", "model=none", f"dataset.root={tiny_root}", "logger=none",
+              "loader.num_workers=0", "bench.drop_page_cache=true", cwd=tmp_path)
+    assert single_run(tmp_path, "eval")[1]["page_cache"] == "cold"
