@@ -220,6 +220,13 @@ def prepare_page_cache(cfg: DictConfig, dataset: DatasetIndex) -> str:
     return "cold"
 
 
+def record_loader_stats(metrics: dict[str, Any], loader: Loader, split: str) -> None:
+    """The loader's own numbers (``loader_<split>_*``) and its skipped files, into metrics."""
+    stats = loader.stats()
+    metrics["skipped_files"] = metrics.get("skipped_files", 0) + int(stats.get("skipped_files", 0))
+    metrics.update({f"loader_{split}_{k}": v for k, v in stats.items() if k != "skipped_files"})
+
+
 def loop_metrics(meter: LoopMeter, cpu_s: float) -> dict[str, Any]:
     summary = meter.summary()
     images = summary["images"]
@@ -288,12 +295,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
                 _fit(run, model, train_loader)
         finally:
             train_loader.close()
-            metrics["skipped_files"] = metrics.get("skipped_files", 0) + train_loader.stats().get(
-                "skipped_files", 0
-            )
-            metrics.update(
-                {f"loader_{k}": v for k, v in train_loader.stats().items() if k != "skipped_files"}
-            )
+            record_loader_stats(metrics, train_loader, "train")
     return metrics
 
 
@@ -397,9 +399,7 @@ def _fit(run: Run, model: nn.Module, train_loader: Loader) -> None:
             )
     finally:
         val_loader.close()
-        metrics["skipped_files"] = metrics.get("skipped_files", 0) + val_loader.stats().get(
-            "skipped_files", 0
-        )
+        record_loader_stats(metrics, val_loader, "val")
 
 
 def evaluate_checkpoint(cfg: DictConfig) -> dict[str, Any]:
@@ -435,7 +435,7 @@ def evaluate_checkpoint(cfg: DictConfig) -> dict[str, Any]:
                 )
         finally:
             val_loader.close()
-            metrics["skipped_files"] = val_loader.stats().get("skipped_files", 0)
+            record_loader_stats(metrics, val_loader, "val")
     return metrics
 
 
