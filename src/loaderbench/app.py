@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import logging
 import math
+import signal
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -137,8 +139,31 @@ def write_metrics(run_dir: Path, metrics: dict[str, Any]) -> None:
 
 
 @contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """SIGTERM (a scheduler's stop, ``kill``) unwinds like Ctrl-C: workers and threads are
+    stopped and the partial metrics written, instead of the process vanishing mid-write."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt(f"stopped by signal {signum}")
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+@contextmanager
 def open_run(cfg: DictConfig, task: str) -> Iterator[Run]:
     """Set up a job; whatever happens inside, metrics.json is written and W&B finished."""
+    with sigterm_as_interrupt():
+        yield from _open_run(cfg, task)
+
+
+def _open_run(cfg: DictConfig, task: str) -> Iterator[Run]:
     started = time.perf_counter()
     run_dir = hydra_run_dir()
     metrics = base_metrics(cfg, task, None)

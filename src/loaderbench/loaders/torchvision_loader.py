@@ -43,7 +43,8 @@ class ImageFileDataset(Dataset):
     def __len__(self) -> int:
         return len(self.split)
 
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, int] | None:
+    def __getitem__(self, index: int) -> tuple[torch.Tensor | None, int]:
+        """(image, label), or (None, index) for an unreadable file when skipping."""
         path = self.split.paths[index]
         try:
             image = load_rgb(path)
@@ -51,20 +52,21 @@ class ImageFileDataset(Dataset):
             if not self.skip_errors:
                 raise OSError(f"cannot read image {path}: {error}") from error
             log.warning("skipping unreadable image %s: %s", path, error)
-            return None
+            return None, index
         return self.transform(image), self.split.labels[index]
 
 
 def collate_skipping(
-    items: Sequence[tuple[torch.Tensor, int] | None],
-) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """Stack the readable items; the count of unreadable ones travels with the batch."""
-    good = [item for item in items if item is not None]
+    items: Sequence[tuple[torch.Tensor | None, int]],
+) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+    """Stack the readable items; the indices of unreadable ones travel with the batch."""
+    good = [(image, label) for image, label in items if image is not None]
+    failed = [index for image, index in items if image is None]
     if not good:
-        return torch.empty(0, dtype=torch.uint8), torch.empty(0, dtype=torch.int64), len(items)
+        return torch.empty(0, dtype=torch.uint8), torch.empty(0, dtype=torch.int64), failed
     images = torch.stack([image for image, _ in good])
     labels = torch.tensor([label for _, label in good], dtype=torch.int64)
-    return images, labels, len(items) - len(good)
+    return images, labels, failed
 
 
 class EpochSampler(Sampler[int]):
@@ -113,7 +115,7 @@ class TorchvisionLoader(Loader):
             prefetch_factor=spec.prefetch if workers > 0 else None,
             generator=torch.Generator().manual_seed(spec.seed * 1_000 + spec.rank),
         )
-        self.skipped_files = 0
+        self.skipped: set[int] = set()
 
     def set_epoch(self, epoch: int) -> None:
         super().set_epoch(epoch)
@@ -124,13 +126,13 @@ class TorchvisionLoader(Loader):
 
     def __iter__(self) -> Iterator[Batch]:
         non_blocking = self.spec.use_pinned_memory
-        for images, labels, skipped in self.dataloader:
-            self.skipped_files += skipped
+        for images, labels, failed in self.dataloader:
+            self.skipped.update(failed)
             if len(labels):
                 yield to_device(Batch(images, labels), self.spec.device, non_blocking)
 
     def stats(self) -> dict[str, int]:
-        return {"skipped_files": self.skipped_files}
+        return {"skipped_files": len(self.skipped)}
 
     def close(self) -> None:
         # Persistent workers live as long as the iterator; dropping it shuts them down.
