@@ -37,7 +37,7 @@ def test_signal_stops_cleanly(sig: int, small_root: Path, tmp_path: Path) -> Non
     proc.send_signal(sig)
     output, _ = proc.communicate(timeout=60)
     assert proc.returncode != 0, output[-3000:]
-    gone, alive = psutil.wait_procs(workers, timeout=10)
+    _, alive = psutil.wait_procs(workers, timeout=10)
     assert not alive, f"workers outlived the run: {alive}"
     (metrics_path,) = list((tmp_path / "outputs").rglob("metrics.json"))
     metrics = json.loads(metrics_path.read_text())
