@@ -8,7 +8,7 @@ import hydra
 from omegaconf import DictConfig
 
 import loaderbench.config  # noqa: F401  (registers the config schemas)
-from loaderbench.app import train, run_job
+from loaderbench.app import run_job, train
 
 
 @hydra.main(config_path="conf", config_name="train", version_base="1.3")

@@ -17,14 +17,35 @@ pytestmark = pytest.mark.slow
 def test_quick_benchmark_report(tmp_path: Path) -> None:
     out = tmp_path / "bench"
     proc = subprocess.run(
-        [sys.executable, "-m", "loaderbench.bench", "--quick", "--out", str(out),
-         "--workers", "1", "--epochs", "1"],
-        cwd=REPO, capture_output=True, text=True, timeout=900,
+        [
+            sys.executable,
+            "-m",
+            "loaderbench.bench",
+            "--quick",
+            "--out",
+            str(out),
+            "--workers",
+            "1",
+            "--epochs",
+            "1",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=900,
     )
     assert proc.returncode == 0, proc.stderr[-5000:]
     report = (out / "report.md").read_text()
-    for needle in ("CPU decode limit", "memory-copy bandwidth", "torchvision", "memmap", "spdl",
-                   "classic (float in workers)", "tutorial tensorclass", "page cache: warm"):
+    for needle in (
+        "CPU decode limit",
+        "memory-copy bandwidth",
+        "torchvision",
+        "memmap",
+        "spdl",
+        "classic (float in workers)",
+        "tutorial tensorclass",
+        "page cache: warm",
+    ):
         assert needle in report, needle
     assert (out / "report.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     rows = json.loads((out / "report.json").read_text())["rows"]

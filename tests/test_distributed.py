@@ -38,9 +38,18 @@ def test_shard_indices_cover_the_epoch_once() -> None:
 
 
 def epoch_images(name: str, split, rank: int, world: int, tmp_path: Path, train: bool):
-    spec = LoaderSpec(split=split, train=train, image_size=32, device=torch.device("cpu"),
-                      batch_size=4, num_workers=1, prefetch=2, rank=rank, world_size=world,
-                      options={"cache_dir": str(tmp_path / "cache"), "on_error": "raise"})
+    spec = LoaderSpec(
+        split=split,
+        train=train,
+        image_size=32,
+        device=torch.device("cpu"),
+        batch_size=4,
+        num_workers=1,
+        prefetch=2,
+        rank=rank,
+        world_size=world,
+        options={"cache_dir": str(tmp_path / "cache"), "on_error": "raise"},
+    )
     loader = build_loader(name, spec)
     try:
         batches = list(loader)
@@ -52,8 +61,9 @@ def epoch_images(name: str, split, rank: int, world: int, tmp_path: Path, train:
 
 
 @pytest.mark.parametrize("name", LOADERS)
-def test_ranks_see_disjoint_shares_of_every_epoch(name: str, tiny_root: Path,
-                                                  tmp_path: Path) -> None:
+def test_ranks_see_disjoint_shares_of_every_epoch(
+    name: str, tiny_root: Path, tmp_path: Path
+) -> None:
     index = index_of(tiny_root)
     whole, whole_labels = epoch_images(name, index.val, 0, 1, tmp_path, train=False)
     shares = [epoch_images(name, index.val, r, 2, tmp_path, train=False) for r in range(2)]
@@ -68,9 +78,20 @@ def test_ranks_see_disjoint_shares_of_every_epoch(name: str, tiny_root: Path,
 def torchrun(*args: str, cwd: Path) -> None:
     env = {**os.environ, "WANDB_MODE": "offline", "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-         str(REPO / "train.py"), *args],
-        cwd=cwd, env=env, capture_output=True, text=True, timeout=900,
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node=2",
+            str(REPO / "train.py"),
+            *args,
+        ],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
 
@@ -79,9 +100,18 @@ def torchrun(*args: str, cwd: Path) -> None:
 @pytest.mark.parametrize("name", LOADERS)
 def test_torchrun_two_processes(name: str, small_root: Path, tmp_path: Path) -> None:
     cache = [f"loader.cache_dir={tmp_path / 'cache'}"] if name == "memmap" else []
-    torchrun("device=cpu", f"loader={name}", f"dataset.root={small_root}", "epochs=2",
-             "model.name=test_resnet", "loader.batch_size=16", "loader.num_workers=1",
-             "logger=none", *cache, cwd=tmp_path)
+    torchrun(
+        "device=cpu",
+        f"loader={name}",
+        f"dataset.root={small_root}",
+        "epochs=2",
+        "model.name=test_resnet",
+        "loader.batch_size=16",
+        "loader.num_workers=1",
+        "logger=none",
+        *cache,
+        cwd=tmp_path,
+    )
     run_dir, metrics = single_run(tmp_path, "train")
     assert run_dir.name.startswith("torchrun-")
     assert metrics["world_size"] == 2 and metrics["status"] == "ok"
@@ -93,7 +123,15 @@ def test_torchrun_two_processes(name: str, small_root: Path, tmp_path: Path) -> 
     # The val accuracy reduced over the ranks is the whole val set's, as one process sees it.
     eval_cwd = tmp_path / "eval"
     eval_cwd.mkdir()
-    run_entry("eval.py", f"checkpoint={run_dir / 'checkpoint.pt'}", f"dataset.root={small_root}",
-              "device=cpu", "logger=none", f"loader={name}", *cache, cwd=eval_cwd)
+    run_entry(
+        "eval.py",
+        f"checkpoint={run_dir / 'checkpoint.pt'}",
+        f"dataset.root={small_root}",
+        "device=cpu",
+        "logger=none",
+        f"loader={name}",
+        *cache,
+        cwd=eval_cwd,
+    )
     (eval_dir,) = run_dirs(eval_cwd, "eval")
     assert abs(read_metrics(eval_dir)["top1"] - metrics["top1"]) <= 0.005

@@ -21,10 +21,21 @@ pytestmark = pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_signal_stops_cleanly(sig: int, small_root: Path, tmp_path: Path) -> None:
     proc = subprocess.Popen(
-        [sys.executable, str(REPO / "train.py"), f"dataset.root={small_root}", "logger=none",
-         "model.name=test_resnet", "epochs=50", "loader.num_workers=2", "device=cpu"],
-        cwd=tmp_path, env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        [
+            sys.executable,
+            str(REPO / "train.py"),
+            f"dataset.root={small_root}",
+            "logger=none",
+            "model.name=test_resnet",
+            "epochs=50",
+            "loader.num_workers=2",
+            "device=cpu",
+        ],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
     parent = psutil.Process(proc.pid)
     deadline = time.monotonic() + 120

@@ -25,6 +25,13 @@ def test_evict_drops_a_file_from_the_page_cache(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_cold_run_is_labelled(tiny_root: Path, tmp_path: Path) -> None:
-    run_entry("eval.py", "model=none", f"dataset.root={tiny_root}", "logger=none",
-              "loader.num_workers=0", "bench.drop_page_cache=true", cwd=tmp_path)
+    run_entry(
+        "eval.py",
+        "model=none",
+        f"dataset.root={tiny_root}",
+        "logger=none",
+        "loader.num_workers=0",
+        "bench.drop_page_cache=true",
+        cwd=tmp_path,
+    )
     assert single_run(tmp_path, "eval")[1]["page_cache"] == "cold"

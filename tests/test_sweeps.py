@@ -29,10 +29,17 @@ def read_csv(path: Path) -> list[dict]:
 def test_multirun_over_loaders_and_workers_summarises_every_job(
     tiny_root: Path, tmp_path: Path
 ) -> None:
-    run_entry("eval.py", "--multirun", "model=none", "loader=torchvision,memmap",
-              "loader.num_workers=0,1", "loader.batch_size=4", f"dataset.root={tiny_root}",
-              "logger=wandb",
-              cwd=tmp_path)
+    run_entry(
+        "eval.py",
+        "--multirun",
+        "model=none",
+        "loader=torchvision,memmap",
+        "loader.num_workers=0,1",
+        "loader.batch_size=4",
+        f"dataset.root={tiny_root}",
+        "logger=wandb",
+        cwd=tmp_path,
+    )
     sweep = sweep_dir(tmp_path, "eval")
     rows = read_csv(sweep / "summary.csv")
     assert len(rows) == 4
@@ -63,9 +70,16 @@ def test_multirun_over_loaders_and_workers_summarises_every_job(
 
 @pytest.mark.slow
 def test_failed_job_is_a_failed_row(tiny_root: Path, tmp_path: Path) -> None:
-    proc = run_entry("eval.py", "--multirun", "model=none", "logger=none",
-                     "loader.batch_size=4,0", "loader.num_workers=0", f"dataset.root={tiny_root}",
-                     cwd=tmp_path)
+    proc = run_entry(
+        "eval.py",
+        "--multirun",
+        "model=none",
+        "logger=none",
+        "loader.batch_size=4,0",
+        "loader.num_workers=0",
+        f"dataset.root={tiny_root}",
+        cwd=tmp_path,
+    )
     assert "1 of 2 jobs failed" in proc.stderr + proc.stdout
     rows = read_csv(sweep_dir(tmp_path, "eval") / "summary.csv")
     assert [r["status"] for r in rows] == ["ok", "failed"]
@@ -74,9 +88,17 @@ def test_failed_job_is_a_failed_row(tiny_root: Path, tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_submitit_local_launcher(tiny_root: Path, tmp_path: Path) -> None:
-    run_entry("eval.py", "--multirun", "hydra/launcher=local", "model=none", "logger=none",
-              "loader.num_workers=0,1", "loader.batch_size=4", f"dataset.root={tiny_root}",
-              cwd=tmp_path)
+    run_entry(
+        "eval.py",
+        "--multirun",
+        "hydra/launcher=local",
+        "model=none",
+        "logger=none",
+        "loader.num_workers=0,1",
+        "loader.batch_size=4",
+        f"dataset.root={tiny_root}",
+        cwd=tmp_path,
+    )
     rows = read_csv(sweep_dir(tmp_path, "eval") / "summary.csv")
     assert sorted(r["num_workers"] for r in rows) == ["0", "1"]
     assert all(r["status"] == "ok" for r in rows)
