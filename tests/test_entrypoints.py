@@ -124,7 +124,7 @@ def test_multirun_leaves_one_run_dir_and_one_wandb_run_per_job(
     dirs = run_dirs(tmp_path, "eval")
     assert len(dirs) == 2
     assert sorted(read_metrics(d)["num_workers"] for d in dirs) == [0, 1]
-    runs = offline_runs(tmp_path / "outputs")
+    runs = [r for r in offline_runs(tmp_path / "outputs") if r.job_type != "summary"]
     assert len(runs) == 2 and len({r.run_id for r in runs}) == 2
     assert len({r.group for r in runs}) == 1 and runs[0].group.startswith("eval-")
     assert sorted(r.name for r in runs) == [f"loader.num_workers={n}" for n in (0, 1)]

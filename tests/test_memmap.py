@@ -257,6 +257,17 @@ def test_an_incomplete_cache_folder_is_never_read(tiny_root: Path, tmp_path: Pat
     assert rebuilt.built and is_bitwise_equal(rebuilt.data, built.data)
 
 
+def test_a_full_disk_is_refused_up_front_naming_the_folder(
+    tiny_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    index = index_of(tiny_root)
+    usage = shutil.disk_usage(tmp_path)
+    monkeypatch.setattr(shutil, "disk_usage", lambda _: usage._replace(free=1000))
+    with pytest.raises(CacheError, match=r"needs 0\.0 GB but .* has 0\.0 GB free") as error:
+        make_loader(index.val, tmp_path / "cache", train=False)
+    assert str(tmp_path / "cache") in str(error.value)
+
+
 def is_bitwise_equal(a: ImageCache, b: ImageCache) -> bool:
     return digest(a) == digest(b)
 
@@ -469,6 +480,25 @@ def test_uint8_crop_agrees_with_roi_align_and_flips() -> None:
     assert torch.equal(fast[1], unflipped[1].flip(-1)) and torch.equal(fast[0], unflipped[0])
 
 
+def test_the_device_side_crop_path_matches_the_reading_thread_path(
+    tiny_root: Path, tmp_path: Path
+) -> None:
+    """On CUDA the crop runs after the copy to the device (roi_align); here the same code runs
+    on the CPU, and must give the same batches as the CPU path to within a few grey levels."""
+    index = index_of(tiny_root)
+    on_cpu = make_loader(index.train, tmp_path, train=True)
+    on_device = make_loader(index.train, tmp_path, train=True)
+    on_device._crop_on_device = True
+    try:
+        for a, b in zip(on_cpu, on_device, strict=True):
+            assert torch.equal(a.labels, b.labels) and a.images.shape == b.images.shape
+            diff = (a.images.int() - b.images.int()).abs().float()
+            assert diff.mean() < 3.0
+    finally:
+        on_cpu.close()
+        on_device.close()
+
+
 def test_data_parallel_ranks_share_val_exactly_once(tiny_root: Path, tmp_path: Path) -> None:
     index = index_of(tiny_root)
     labels = []
@@ -535,7 +565,7 @@ def test_train_py_trains_with_loader_memmap_then_reuses_the_cache(
     assert metrics["status"] == "ok" and metrics["loader"] == "memmap"
     assert metrics["images"] == 24 // 8 * 8 and metrics["epochs"] == 1
     assert 0.0 <= metrics["top1"] <= metrics["top5"] <= 1.0
-    assert metrics["skipped_files"] == 0 and metrics["loader_cache_built"] is True
+    assert metrics["skipped_files"] == 0 and metrics["loader_train_cache_built"] is True
     caches = sorted(
         p.name.split("-")[0] for p in (tmp_path / "cache").iterdir() if not p.name.startswith(".")
     )
@@ -546,5 +576,5 @@ def test_train_py_trains_with_loader_memmap_then_reuses_the_cache(
     dirs = run_dirs(tmp_path, "train")
     assert len(dirs) == 2
     metrics = read_metrics(dirs[-1])
-    assert metrics["status"] == "ok" and metrics["loader_cache_built"] is False
+    assert metrics["status"] == "ok" and metrics["loader_train_cache_built"] is False
     assert metrics["ttfb_s"] < 1.0 and metrics["images"] == 2 * 24

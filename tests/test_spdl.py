@@ -461,6 +461,6 @@ def test_train_py_trains_end_to_end_with_spdl(tiny_root: Path, tmp_path: Path) -
     assert metrics["status"] == "ok" and metrics["loader"] == "spdl"
     assert metrics["images"] == 24 and metrics["skipped_files"] == 0
     assert 0.0 <= metrics["top1"] <= 1.0 and metrics["epochs"] == 1
-    assert metrics["loader_spdl_decoder"] == "turbo"
-    assert "loader_spdl_decode_occupancy" in metrics
+    assert metrics["loader_train_spdl_decoder"] == "turbo"
+    assert "loader_train_spdl_decode_occupancy" in metrics
     assert (run_dir / "checkpoint.pt").is_file()

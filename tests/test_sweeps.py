@@ -60,7 +60,8 @@ def test_multirun_over_loaders_and_workers_summarises_every_job(
     runs = offline_runs(tmp_path / "outputs")
     assert len(runs) == 5 and len({r.group for r in runs}) == 1
     (summary,) = [r for r in runs if r.job_type == "summary"]
-    assert "summary_table" in summary.summary and "summary_plot" in summary.summary
+    keys = " ".join(summary.summary)
+    assert "summary_table" in keys and "summary_plot" in keys
     table_files = [f for f in summary.files if f.endswith(".table.json")]
     assert table_files
     (table_path,) = list(sweep.rglob(Path(table_files[0]).name))

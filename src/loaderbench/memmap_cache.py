@@ -285,14 +285,16 @@ def build_cache(
     if n == 0:
         raise CacheError(f"split {split.name!r} has no images; nothing to cache in {dest}")
     started = time.perf_counter()
+    # Shapes only (one element, expanded): memmap_like allocates the files, sparse, without
+    # ever holding the split in memory; unwritten bytes (the padding) read as zeros.
     template = ImageCache(
-        images=torch.empty((n, *policy.image_shape()), dtype=torch.uint8),
-        labels=torch.empty(n, dtype=torch.int64),
-        heights=torch.empty(n, dtype=torch.int32),
-        widths=torch.empty(n, dtype=torch.int32),
+        images=torch.empty((1, *policy.image_shape()), dtype=torch.uint8).expand(n, -1, -1, -1),
+        labels=torch.empty(1, dtype=torch.int64).expand(n),
+        heights=torch.empty(1, dtype=torch.int32).expand(n),
+        widths=torch.empty(1, dtype=torch.int32).expand(n),
         batch_size=[n],
     )
-    cache = template.memmap_like(dest)  # sparse files: the padding reads as zeros
+    cache = template.memmap_like(dest)
     cache.labels.copy_(torch.tensor(split.labels, dtype=torch.int64))
     chunks = _BuildChunks(split, policy, str(cache.images.filename), n, skip_errors)
     loader = DataLoader(
@@ -404,6 +406,17 @@ def _remove_stale(cache_dir: Path, name: str) -> None:
         shutil.rmtree(final, ignore_errors=True)
 
 
+def _check_space(cache_dir: Path, final: Path, needed: int) -> None:
+    """Fail now, naming the folder, rather than with a SIGBUS in a worker when the disk fills
+    under the (sparse) memory-mapped files."""
+    free = shutil.disk_usage(cache_dir).free
+    if needed > free:
+        raise CacheError(
+            f"memmap cache {final} needs {needed / 1e9:.1f} GB but {cache_dir} has "
+            f"{free / 1e9:.1f} GB free; set loader.cache_dir to a larger disk"
+        )
+
+
 def ensure_cache(
     split: Split,
     policy: StorePolicy,
@@ -426,6 +439,7 @@ def ensure_cache(
         if is_complete(final):  # built by the run we waited for
             return open_cache(final, policy)
         _remove_stale(cache_dir, name)
+        _check_space(cache_dir, final, len(split) * policy.bytes_per_image())
         tmp = cache_dir / f".{name}.tmp-{os.getpid()}"
         log.info("building memmap cache %s (%d images, %d workers)", final, len(split), num_workers)
         try:

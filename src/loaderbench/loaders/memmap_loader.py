@@ -6,15 +6,20 @@ relied on and faster:
 * the cache (``loaderbench.memmap_cache``) is built once, in parallel, atomically, and reused
   by every later run with the same files and settings;
 * an epoch is the shared seeded order (``epoch_permutation``) cut into this rank's batches;
-  a batch is one ``index_select`` per field from the memory-mapped files: with a row-contiguous
-  uint8 tensor that is a memcpy per image, several times faster than advanced indexing
-  (``images[idx]``, or indexing the TensorClass, which does the same per field);
-* ``num_workers`` threads prepare batches ahead (up to ``prefetch`` per thread), so reading
-  overlaps the model's step; torch releases the GIL in the gather and the resize;
+  a batch is one gather from the memory-mapped images: numpy's ``take`` into a reused buffer,
+  a memcpy per image. Measured on a 2-core machine: over 10x faster than indexing the
+  TensorClass (``data[idx]``, advanced indexing per field) and steadier than
+  ``torch.index_select``, whose intra-op threads stall when the cores are busy;
+* ``num_workers`` threads prepare batches ahead (``prefetch`` per thread), so reading overlaps
+  the model's step (the gather and the resize release the GIL); 0 reads in the caller;
 * train batches get a random-resized crop (a different box per image, sampled inside each
   image's true size) and a flip, for the whole batch at once, where the batch is: in the
-  reading threads on the CPU, on the GPU after a pinned, non-blocking copy on CUDA. Val batches
-  are stored exactly as the reference pipeline makes them and need nothing but the gather.
+  reading threads on the CPU (uint8, channels-last NCHW out), on the GPU after a pinned,
+  non-blocking copy on CUDA. Val batches are stored exactly as the reference pipeline makes
+  them and need nothing but the gather.
+
+On CUDA the gather writes straight into pinned memory; tensordict's ``pin_memory()`` would
+copy an already gathered batch once more, so plain tensors and ``to_device`` serve better.
 """
 
 from __future__ import annotations
@@ -108,6 +113,9 @@ class BufferPool:
 
 @register_loader("memmap")
 class MemmapLoader(Loader):
+    """Builds or opens the split's cache on construction (so ``ttfb_s`` is a read, never a
+    build), then serves shuffled, sharded, augmented batches from it."""
+
     def __init__(self, spec: LoaderSpec) -> None:
         super().__init__(spec)
         options = spec.options
@@ -218,8 +226,8 @@ class MemmapLoader(Loader):
         )
         if gathered.boxes is None:
             return batch
-        images = crop_resize_flip_batch(
-            batch.images, gathered.boxes, self.spec.image_size, gathered.flips
+        images = crop_resize_flip_batch(  # roi_align wants NCHW-contiguous input
+            batch.images.contiguous(), gathered.boxes, self.spec.image_size, gathered.flips
         )
         return Batch(images, batch.labels)
 
