@@ -22,6 +22,7 @@ import csv
 import json
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import time
@@ -113,6 +114,8 @@ def run_sweep(opts: Options, root: Path, task: str) -> list[dict[str, str]]:
         cmd.append("augment.scale=[0.08,1.0]")
     print("$", " ".join(cmd[1:]), flush=True)
     subprocess.run(cmd, cwd=REPO, check=True)
+    # The sweep's own summary plot, as README shows it.
+    shutil.copyfile(sweep_dir / "summary.png", opts.out / f"sweep_{task}.png")
     with open(sweep_dir / "summary.csv") as f:
         return list(csv.DictReader(f))
 
