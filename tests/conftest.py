@@ -69,3 +69,33 @@ def single_run(cwd: Path, task: str) -> tuple[Path, dict]:
     dirs = run_dirs(cwd, task)
     assert len(dirs) == 1, f"expected one run directory, found {dirs}"
     return dirs[0], read_metrics(dirs[0])
+
+
+def folder_index(root: Path):
+    """Discover an ImageFolder tree the way every run does."""
+    from omegaconf import OmegaConf
+
+    from loaderbench.config import DatasetConfig
+    from loaderbench.data import discover
+
+    cfg = OmegaConf.structured(DatasetConfig)
+    cfg.name, cfg.root = "folder", str(root)
+    return discover(cfg)
+
+
+def cpu_spec(split, train: bool, **overrides):
+    """A small LoaderSpec on the CPU; keyword arguments override its fields."""
+    import torch
+
+    from loaderbench.loaders import LoaderSpec
+
+    fields = {
+        "split": split,
+        "train": train,
+        "image_size": 32,
+        "device": torch.device("cpu"),
+        "batch_size": 5,
+        "num_workers": 1,
+        "prefetch": 2,
+    }
+    return LoaderSpec(**{**fields, **overrides})

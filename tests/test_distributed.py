@@ -11,21 +11,20 @@ from pathlib import Path
 
 import pytest
 import torch
-from omegaconf import OmegaConf
 
-from loaderbench.config import DatasetConfig
-from loaderbench.data import discover
-from loaderbench.loaders import LoaderSpec, build_loader
+from loaderbench.loaders import build_loader
 from loaderbench.loaders.base import shard_indices
-from tests.conftest import REPO, read_metrics, run_dirs, run_entry, single_run
+from tests.conftest import (
+    REPO,
+    cpu_spec,
+    folder_index,
+    read_metrics,
+    run_dirs,
+    run_entry,
+    single_run,
+)
 
 LOADERS = ["torchvision", "memmap", "spdl"]
-
-
-def index_of(root: Path):
-    cfg = OmegaConf.structured(DatasetConfig)
-    cfg.name, cfg.root = "folder", str(root)
-    return discover(cfg)
 
 
 def test_shard_indices_cover_the_epoch_once() -> None:
@@ -38,14 +37,10 @@ def test_shard_indices_cover_the_epoch_once() -> None:
 
 
 def epoch_images(name: str, split, rank: int, world: int, tmp_path: Path, train: bool):
-    spec = LoaderSpec(
-        split=split,
-        train=train,
-        image_size=32,
-        device=torch.device("cpu"),
+    spec = cpu_spec(
+        split,
+        train,
         batch_size=4,
-        num_workers=1,
-        prefetch=2,
         rank=rank,
         world_size=world,
         options={"cache_dir": str(tmp_path / "cache"), "on_error": "raise"},
@@ -64,7 +59,7 @@ def epoch_images(name: str, split, rank: int, world: int, tmp_path: Path, train:
 def test_ranks_see_disjoint_shares_of_every_epoch(
     name: str, tiny_root: Path, tmp_path: Path
 ) -> None:
-    index = index_of(tiny_root)
+    index = folder_index(tiny_root)
     whole, whole_labels = epoch_images(name, index.val, 0, 1, tmp_path, train=False)
     shares = [epoch_images(name, index.val, r, 2, tmp_path, train=False) for r in range(2)]
     union = shares[0][0] + shares[1][0]

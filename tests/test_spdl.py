@@ -20,7 +20,7 @@ from loaderbench.loaders import LoaderSpec, build_loader
 from loaderbench.loaders.base import epoch_permutation, shard_indices
 from loaderbench.loaders.spdl_loader import SpdlLoader, epoch_samples
 from loaderbench.transforms import load_rgb, pil_val_transform
-from tests.conftest import run_entry, single_run
+from tests.conftest import cpu_spec, run_entry, single_run
 
 # torchvision 0.29 deprecates its codecs (the decoders filter it; pytest resets the filters).
 pytestmark = pytest.mark.filterwarnings(
@@ -44,18 +44,9 @@ def spec(split: Split, train: bool, decoder: str = "turbo", **kwargs) -> LoaderS
         "on_error": kwargs.pop("on_error", "skip"),
         "timeout_s": kwargs.pop("timeout_s", 60.0),
     }
-    base = dict(
-        split=split,
-        train=train,
-        image_size=64,
-        device=torch.device("cpu"),
-        batch_size=5,
-        num_workers=2,
-        prefetch=2,
-        options=options,
+    return cpu_spec(
+        split, train, **{"image_size": 64, "num_workers": 2, "options": options, **kwargs}
     )
-    base.update(kwargs)
-    return LoaderSpec(**base)
 
 
 def spdl_threads() -> set[threading.Thread]:

@@ -5,36 +5,18 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from omegaconf import OmegaConf
 
-from loaderbench.config import DatasetConfig
-from loaderbench.data import discover
 from loaderbench.loaders import LoaderSpec, build_loader
 from loaderbench.transforms import load_rgb, pil_val_transform
-
-
-def index_of(root: Path):
-    cfg = OmegaConf.structured(DatasetConfig)
-    cfg.name, cfg.root = "folder", str(root)
-    return discover(cfg)
+from tests.conftest import cpu_spec, folder_index
 
 
 def spec(split, train: bool, **kwargs) -> LoaderSpec:
-    base = dict(
-        split=split,
-        train=train,
-        image_size=32,
-        device=torch.device("cpu"),
-        batch_size=5,
-        num_workers=1,
-        prefetch=2,
-    )
-    base.update(kwargs)
-    return LoaderSpec(**base)
+    return cpu_spec(split, train, **kwargs)
 
 
 def test_val_epoch_is_the_reference_pipeline_in_order(tiny_root: Path) -> None:
-    index = index_of(tiny_root)
+    index = folder_index(tiny_root)
     loader = build_loader("torchvision", spec(index.val, train=False))
     try:
         batches = list(loader)
@@ -50,7 +32,7 @@ def test_val_epoch_is_the_reference_pipeline_in_order(tiny_root: Path) -> None:
 
 
 def test_train_epochs_drop_last_and_reshuffle(tiny_root: Path) -> None:
-    index = index_of(tiny_root)
+    index = folder_index(tiny_root)
     loader = build_loader("torchvision", spec(index.train, train=True, num_workers=2))
     try:
         orders = []

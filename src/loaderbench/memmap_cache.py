@@ -118,16 +118,22 @@ class StorePolicy:
         }
 
 
-def cache_name(split: Split, policy: StorePolicy) -> str:
-    """The folder name: readable prefix, then a hash of everything the content depends on."""
-    payload = {
+def cache_source(split: Split, policy: StorePolicy) -> dict[str, Any]:
+    """Everything a cache's bytes depend on; its hash is the cache's key."""
+    return {
         "format_version": FORMAT_VERSION,
         "split": split.name,
-        "files": split.fingerprint(),
+        "files": split.fingerprint(),  # paths, labels, sizes, mtimes
+        "num_images": len(split),
         "pillow": PIL.__version__,
         **policy.describe(),
     }
-    key = hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def cache_name(split: Split, policy: StorePolicy, source: dict[str, Any] | None = None) -> str:
+    """The folder name: a readable prefix, then the key."""
+    source = cache_source(split, policy) if source is None else source
+    key = hashlib.sha256(json.dumps(source, sort_keys=True).encode()).hexdigest()[:16]
     return f"{split.name}-{policy.kind}{policy.stored_size}-{key}"
 
 
@@ -340,9 +346,6 @@ def build_cache(
         "name": name,
         "split": split.name,
         "num_images": n,
-        "fingerprint": split.fingerprint(),
-        "policy": policy.describe(),
-        "pillow": PIL.__version__,
         "skipped": skipped,
         "build_workers": num_workers,
         "build_s": build_s,
@@ -426,7 +429,8 @@ def ensure_cache(
     progress: bool = True,
 ) -> OpenedCache:
     """The split's cache, built first (once, under a lock, atomically) when it does not exist."""
-    name = cache_name(split, policy)
+    source = cache_source(split, policy)
+    name = cache_name(split, policy, source)
     final = cache_dir / name
     if is_complete(final):
         return open_cache(final, policy)
@@ -444,6 +448,7 @@ def ensure_cache(
         log.info("building memmap cache %s (%d images, %d workers)", final, len(split), num_workers)
         try:
             meta = build_cache(split, policy, tmp, name, num_workers, skip_errors, progress)
+            meta["source"] = source
             atomic_write_text(tmp / META_FILE, json.dumps(meta, indent=1) + "\n")
             atomic_write_text(tmp / COMPLETE_FILE, f"{name}\n")
             os.rename(tmp, final)
