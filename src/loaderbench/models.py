@@ -39,9 +39,10 @@ class ImageClassifier(nn.Module):
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         x = normalize_uint8(images, self.mean, self.std)
-        if self.channels_last:
-            x = x.contiguous(memory_format=torch.channels_last)
-        return self.backbone(x)
+        # Every loader's batch reaches the backbone in the same layout (a loader may hand over
+        # channels-last uint8, which would otherwise speed up the CPU step and skew the race).
+        layout = torch.channels_last if self.channels_last else torch.contiguous_format
+        return self.backbone(x.contiguous(memory_format=layout))
 
 
 def create_backbone(cfg: DictConfig, num_classes: int) -> nn.Module:
