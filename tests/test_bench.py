@@ -27,7 +27,7 @@ def test_quick_benchmark_report(tmp_path: Path) -> None:
             "--workers",
             "1",
             "--epochs",
-            "1",
+            "2,1",
         ],
         cwd=REPO,
         capture_output=True,

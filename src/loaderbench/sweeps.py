@@ -172,8 +172,13 @@ def plot_summary(path: Path, keys: list[str], rows: list[dict]) -> None:
         cpu_axis.plot(
             xs, [r.get("cpu_s_per_1k_images") or 0.0 for r in line_rows], marker="x", linestyle="--"
         )
-    top.set_ylabel("images / s")
-    top.set_ylim(bottom=0)
+    rates = [r["images_per_s"] for r in ok_rows]
+    if rates and max(rates) > 20 * min(rates):  # loaders orders of magnitude apart
+        top.set_yscale("log")
+        top.set_ylabel("images / s (log)")
+    else:
+        top.set_ylabel("images / s")
+        top.set_ylim(bottom=0)
     top.set_title(f"sweep over {', '.join(keys) or 'jobs'}")
     top.grid(alpha=0.3)
     if lines:
