@@ -22,7 +22,7 @@ from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
 from loaderbench import __version__, distributed
-from loaderbench.checkpoint import load_checkpoint, rng_state, save_checkpoint
+from loaderbench.checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from loaderbench.data import DatasetIndex, discover, resolve_path
 from loaderbench.distributed import DistInfo
 from loaderbench.engine import EvalCounts, TrainStep, consume, evaluate, train_one_epoch
@@ -282,6 +282,35 @@ def benchmark_loader(run: Run, loader: Loader, epochs: int) -> dict[str, Any]:
     return distributed.reduce_loop_metrics(loop_metrics(meter, window.cpu_s), run.dist.world_size)
 
 
+def _resume(
+    run: Run,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+) -> int:
+    """Load checkpoint=PATH into the training state; returns the epoch to continue from."""
+    cfg = run.cfg
+    if cfg.checkpoint is None:
+        raise ValueError("train.resume=true needs checkpoint=PATH (a train.py checkpoint.pt)")
+    state = load_checkpoint(cfg.checkpoint, map_location=run.device)
+    if list(state["classes"]) != list(run.dataset.classes):
+        raise ValueError(f"checkpoint {cfg.checkpoint} was trained on other classes")
+    trained = state["config"]
+    for key in ("image_size", "seed"):
+        if trained[key] != cfg[key]:
+            raise ValueError(
+                f"{key}={cfg[key]} but checkpoint {cfg.checkpoint} was trained with "
+                f"{trained[key]}; a resumed run must keep it"
+            )
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    scheduler.load_state_dict(state["scheduler"])
+    set_rng_state(state["rng"])
+    run.metrics["resumed_from"] = str(Path(cfg.checkpoint).absolute())
+    log.info("resuming from %s at epoch %d of %d", cfg.checkpoint, state["epoch"], cfg.epochs)
+    return int(state["epoch"])
+
+
 def reduce_counts(counts: EvalCounts) -> EvalCounts:
     """Accuracy over the whole val set: every rank's sums added up."""
     images, top1, top5, loss_sum = distributed.all_reduce(
@@ -349,12 +378,16 @@ def _fit(run: Run, model: nn.Module, train_loader: Loader) -> None:
         device=run.device,
         grad_clip=cfg.train.grad_clip,
     )
+    start_epoch = _resume(run, model, optimizer, scheduler) if cfg.train.resume else 0
+    end_epoch = cfg.epochs
+    if cfg.train.stop_after_epochs is not None:
+        end_epoch = min(end_epoch, start_epoch + cfg.train.stop_after_epochs)
     meter = run.meter()
     window = CpuWindow(run.monitor)
     val_loader = run.loader("val", train=False)
     checkpoint_path = run.run_dir / CHECKPOINT_FILE
     try:
-        for epoch in range(cfg.epochs):
+        for epoch in range(start_epoch, end_epoch):
             train_loader.set_epoch(epoch)
             with window:
                 loss = train_one_epoch(

@@ -25,6 +25,18 @@ def rng_state() -> dict[str, Any]:
     return state
 
 
+def set_rng_state(state: dict[str, Any]) -> None:
+    """Undo ``rng_state``: the random streams continue where the checkpoint left them."""
+    torch.set_rng_state(state["torch"])
+    random.setstate((3, tuple(int(x) for x in state["python"]), None))
+    numpy_state = np.random.get_state()
+    np.random.set_state(
+        (numpy_state[0], state["numpy"].numpy().astype(np.uint32), *numpy_state[2:])
+    )
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
 def save_checkpoint(path: str | Path, state: dict[str, Any]) -> None:
     """Write ``state`` to ``path``: a reader sees the old file or the new one, never a part."""
     payload = {"format_version": FORMAT_VERSION, **state}

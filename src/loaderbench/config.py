@@ -155,8 +155,10 @@ class AugmentConfig:
 class TrainLoopConfig:
     label_smoothing: float = 0.1
     grad_clip: float | None = None
+    # Continue from checkpoint=PATH (model, optimizer, schedule, epoch, RNG) to `epochs`.
     resume: bool = False
-    log_every: int = 10
+    # Stop after this many epochs in this run (a time-limited job that a resumed one continues).
+    stop_after_epochs: int | None = None
 
 
 @dataclass

@@ -43,6 +43,11 @@ def validate_config(cfg: DictConfig) -> None:
         (cfg.image_size is None or cfg.image_size >= 8, "image_size must be >= 8", cfg.image_size),
         (cfg.epochs >= 1, "epochs must be >= 1", cfg.epochs),
         (
+            cfg.train.stop_after_epochs is None or cfg.train.stop_after_epochs >= 1,
+            "train.stop_after_epochs must be >= 1 or null",
+            cfg.train.stop_after_epochs,
+        ),
+        (
             cfg.bench.warmup_batches >= 0,
             "bench.warmup_batches must be >= 0",
             cfg.bench.warmup_batches,

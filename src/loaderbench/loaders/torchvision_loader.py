@@ -43,8 +43,16 @@ class ImageFileDataset(Dataset):
     def __len__(self) -> int:
         return len(self.split)
 
-    def __getitem__(self, index: int) -> tuple[torch.Tensor | None, int]:
-        """(image, label), or (None, index) for an unreadable file when skipping."""
+    def __getitem__(self, key: int | tuple[int, int]) -> tuple[torch.Tensor | None, int]:
+        """(image, label), or (None, index) for an unreadable file when skipping.
+
+        ``key`` is an index, or (index, seed): the seed fixes this sample's random crop and
+        flip, so augmentation depends on (seed, epoch, image) and not on which worker process
+        drew it (a resumed run sees what an uninterrupted one would have).
+        """
+        index, sample_seed = key if isinstance(key, tuple) else (key, None)
+        if sample_seed is not None:
+            torch.manual_seed(sample_seed)
         path = self.split.paths[index]
         try:
             image = load_rgb(path)
@@ -69,7 +77,7 @@ def collate_skipping(
     return images, labels, failed
 
 
-class EpochSampler(Sampler[int]):
+class EpochSampler(Sampler[tuple[int, int]]):
     """The shared epoch order (same seed -> same permutation), this rank's share of it."""
 
     def __init__(self, spec: LoaderSpec) -> None:
@@ -84,8 +92,9 @@ class EpochSampler(Sampler[int]):
         order = epoch_permutation(len(spec.split), spec.seed, self.epoch, shuffle=spec.train)
         return shard_indices(order, spec.batch_size, spec.drop_last, spec.rank, spec.world_size)
 
-    def __iter__(self) -> Iterator[int]:
-        return iter(self._indices().tolist())
+    def __iter__(self) -> Iterator[tuple[int, int]]:
+        base = (self.spec.seed * 1_000_003 + self.epoch) * 10_000_019
+        return iter((i, (base + i) % 2**62) for i in self._indices().tolist())
 
     def __len__(self) -> int:
         return len(self._indices())
