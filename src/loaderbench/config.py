@@ -63,6 +63,10 @@ class MemmapLoaderConfig(LoaderConfig):
     # is at most round(image_size * train_store_ratio); the random-resized crop is taken from them
     # at load time. 1.5: a 4:3 image keeps a short side of 1.125 x image_size.
     train_store_ratio: float = 1.5
+    # ... and at least this many pixels: at small image sizes, crops from a store barely larger
+    # than the input are blurrier than torchvision's crops from the full image (measured: top1
+    # 9.7 points lower at 64 px with a 96 px store, 2.7 with 192 px), and storage is cheap.
+    train_store_min_side: int = 192
 
 
 @dataclass

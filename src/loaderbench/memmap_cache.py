@@ -88,7 +88,9 @@ class StorePolicy:
     stored_size: int  # crop: image_size; fit: the canvas side L
 
     @classmethod
-    def for_split(cls, train: bool, image_size: int, train_store_ratio: float) -> StorePolicy:
+    def for_split(
+        cls, train: bool, image_size: int, train_store_ratio: float, min_side: int = 0
+    ) -> StorePolicy:
         if not train:
             return cls("crop", image_size, image_size)
         if not math.isfinite(train_store_ratio) or train_store_ratio < 1.0:
@@ -96,7 +98,7 @@ class StorePolicy:
                 f"loader.train_store_ratio must be >= 1.0 (the stored long side relative to "
                 f"image_size), got {train_store_ratio}"
             )
-        return cls("fit", image_size, round(image_size * train_store_ratio))
+        return cls("fit", image_size, max(round(image_size * train_store_ratio), min_side))
 
     @property
     def channels_last(self) -> bool:

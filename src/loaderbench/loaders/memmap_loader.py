@@ -126,6 +126,7 @@ class MemmapLoader(Loader):
             spec.train,
             spec.image_size,
             float(options.get("train_store_ratio", DEFAULT_TRAIN_STORE_RATIO)),
+            int(options.get("train_store_min_side", 0)),
         )
         self.cache: OpenedCache = ensure_cache(
             spec.split,
