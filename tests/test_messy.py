@@ -46,6 +46,21 @@ def messy_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
+def messy_eval(loader: str, root: Path, tmp_path: Path) -> list[str]:
+    """eval.py overrides: the loader alone over the messy folder's val split."""
+    cache = [f"loader.cache_dir={tmp_path / 'cache'}"] if loader == "memmap" else []
+    return [
+        "model=none",
+        f"loader={loader}",
+        f"dataset.root={root}",
+        "logger=none",
+        "loader.batch_size=4",
+        "loader.num_workers=1",
+        "image_size=32",
+        *cache,
+    ]
+
+
 VALID_VAL = 8 + 5
 BROKEN = 3
 
@@ -54,18 +69,7 @@ BROKEN = 3
 def test_every_loader_skips_and_counts_broken_files(
     loader: str, messy_root: Path, tmp_path: Path
 ) -> None:
-    run_entry(
-        "eval.py",
-        "model=none",
-        f"loader={loader}",
-        f"dataset.root={messy_root}",
-        "logger=none",
-        "loader.batch_size=4",
-        "loader.num_workers=1",
-        "image_size=32",
-        *([f"loader.cache_dir={tmp_path / 'cache'}"] if loader == "memmap" else []),
-        cwd=tmp_path,
-    )
+    run_entry("eval.py", *messy_eval(loader, messy_root, tmp_path), cwd=tmp_path)
     _, metrics = single_run(tmp_path, "eval")
     assert metrics["status"] == "ok"
     assert metrics["images"] == VALID_VAL
@@ -76,15 +80,8 @@ def test_every_loader_skips_and_counts_broken_files(
 def test_on_error_raise_names_a_broken_file(loader: str, messy_root: Path, tmp_path: Path) -> None:
     proc = run_entry(
         "eval.py",
-        "model=none",
-        f"loader={loader}",
-        f"dataset.root={messy_root}",
-        "logger=none",
-        "loader.batch_size=4",
-        "loader.num_workers=1",
-        "image_size=32",
+        *messy_eval(loader, messy_root, tmp_path),
         "dataset.on_error=raise",
-        *([f"loader.cache_dir={tmp_path / 'cache'}"] if loader == "memmap" else []),
         cwd=tmp_path,
         check=False,
         timeout=300,

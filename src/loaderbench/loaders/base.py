@@ -169,15 +169,10 @@ def loader_spec(
     rank: int = 0,
     world_size: int = 1,
 ) -> LoaderSpec:
-    """A LoaderSpec from a run's config; the loader-specific keys travel in ``options``."""
+    """A LoaderSpec from a run's config (already checked by ``validate_config``); the
+    loader-specific keys travel in ``options``."""
     shared = {"name", "batch_size", "num_workers", "prefetch", "pin_memory"}
     loader_cfg = cfg.loader
-    if loader_cfg.batch_size < 1:
-        raise ValueError(f"loader.batch_size must be >= 1, got {loader_cfg.batch_size}")
-    if loader_cfg.num_workers < 0:
-        raise ValueError(f"loader.num_workers must be >= 0, got {loader_cfg.num_workers}")
-    if loader_cfg.prefetch < 1:
-        raise ValueError(f"loader.prefetch must be >= 1, got {loader_cfg.prefetch}")
     return LoaderSpec(
         split=split,
         train=train,
