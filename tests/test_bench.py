@@ -38,6 +38,8 @@ def test_quick_benchmark_report(tmp_path: Path) -> None:
     report = (out / "report.md").read_text()
     for needle in (
         "CPU decode limit",
+        "plain thread pool",
+        "of the plain thread pool",
         "memory-copy bandwidth",
         "torchvision",
         "memmap",
@@ -48,7 +50,12 @@ def test_quick_benchmark_report(tmp_path: Path) -> None:
     ):
         assert needle in report, needle
     assert (out / "report.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    rows = json.loads((out / "report.json").read_text())["rows"]
+    report_json = json.loads((out / "report.json").read_text())
+    limit = report_json["decode_limit"]
+    # Measured over every val image the loaders read (4 classes x 24 in quick mode).
+    assert {r["images"] for r in limit["rates"]} == {96} and limit["pool"]["images"] == 96
+    assert limit["pool"]["images_per_s"] > 0
+    rows = report_json["rows"]
     pipelines = {(r["pipeline"], r["name"]) for r in rows}
     for task in ("val", "train"):
         for name in ("torchvision", "memmap", "spdl", "tutorial tensorclass"):

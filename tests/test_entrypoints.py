@@ -79,6 +79,28 @@ def test_eval_reproduces_train_top1(
     assert metrics["images"] == 40
 
 
+def test_every_loader_gives_the_same_top1_from_one_checkpoint(
+    trained: tuple[Path, dict], small_root: Path, tmp_path: Path
+) -> None:
+    """The three val pipelines feed the model the same images (memmap stores torchvision's
+    val crop, spdl's turbo decoder matches it to a grey level): top1 within one image."""
+    run_dir, _ = trained
+    run_entry(
+        "eval.py",
+        "--multirun",
+        "loader=torchvision,memmap,spdl",
+        f"checkpoint={run_dir / 'checkpoint.pt'}",
+        f"dataset.root={small_root}",
+        "device=cpu",
+        "logger=none",
+        "loader.num_workers=1",
+        cwd=tmp_path,
+    )
+    top1 = {read_metrics(d)["loader"]: read_metrics(d)["top1"] for d in run_dirs(tmp_path, "eval")}
+    assert sorted(top1) == ["memmap", "spdl", "torchvision"]
+    assert max(top1.values()) - min(top1.values()) <= 1 / 40 + 1e-9, top1
+
+
 def test_eval_model_none_measures_the_loader(small_root: Path, tmp_path: Path) -> None:
     run_entry(
         "eval.py",

@@ -321,20 +321,58 @@ def test_no_thread_outlives_the_loader(tiny_root: Path) -> None:
     for epoch in range(2):
         loader.set_epoch(epoch)
         assert sum(len(b.labels) for b in loader) == 20
-    assert spdl_threads() <= before  # each finished epoch stopped its pipeline
+    # Persistent (the default): one pipeline runs on into the next epoch, until close().
+    assert len(spdl_threads() - before) > 0
+    loader.close()
+    loader.close()  # twice is fine
+    assert spdl_threads() <= before
 
     iterator = iter(loader)
     next(iterator)  # an epoch left half-way, its threads busy
     assert len(spdl_threads() - before) > 0
     loader.close()
-    loader.close()  # twice is fine
     assert spdl_threads() <= before
     del iterator
 
     with build_loader("spdl", spec(index.val, train=False)) as val_loader:
         for _ in val_loader:
             break  # abandoned mid-epoch: the generator's cleanup stops the pipeline
+        assert spdl_threads() <= before
     assert spdl_threads() <= before
+
+
+@pytest.mark.timeout(120)
+def test_a_pipeline_per_epoch_when_not_persistent(tiny_root: Path) -> None:
+    index = index_of(tiny_root)
+    before = spdl_threads()
+    options = {"decoder": "turbo", "persistent": False, "timeout_s": 60.0}
+    loader = build_loader("spdl", cpu_spec(index.train, True, image_size=64, options=options))
+    for epoch in range(2):
+        loader.set_epoch(epoch)
+        assert sum(len(b.labels) for b in loader) == 20
+        assert spdl_threads() <= before  # each finished epoch stopped its pipeline
+    loader.close()
+
+
+@pytest.mark.timeout(120)
+def test_a_persistent_pipeline_serves_the_epoch_asked_for(colour_root: Path) -> None:
+    """Reused across epochs, rebuilt when set_epoch jumps (resume) or repeats one."""
+    split = index_of(colour_root).train
+    persistent = build_loader("spdl", spec(split, train=True, batch_size=4))
+
+    def colours(loader, epoch: int) -> list[int]:
+        loader.set_epoch(epoch)
+        return [c for batch in loader for c in identify(batch.images)]
+
+    fresh = {}
+    for epoch in (0, 1, 2, 5):
+        with build_loader("spdl", spec(split, train=True, batch_size=4)) as one_off:
+            fresh[epoch] = colours(one_off, epoch)
+    try:
+        for epoch in (0, 1, 2, 5, 5, 1):
+            assert colours(persistent, epoch) == fresh[epoch], f"epoch {epoch}"
+    finally:
+        persistent.close()
 
 
 def test_stats_report_spdl_stage_figures(tiny_root: Path) -> None:

@@ -13,6 +13,10 @@ It runs, one after another so nothing competes for the cores:
 
 It writes ``bench/report.md`` and ``bench/report.png``: each pipeline's images/s, its share of
 its limit, CPU seconds per 1000 images and data wait. ``--quick`` runs a small version (CI).
+
+A shared 2-core machine is noisy (the same run varies by 20-30% from one minute to the next), so
+every measurement, limits included, is the best of ``--repeats`` (2 by default): the sweeps run
+once per repeat, one after the other, and each row keeps the figures of its fastest run.
 """
 
 from __future__ import annotations
@@ -50,6 +54,7 @@ class Options:
     # milliseconds, so more passes keep per-epoch start-up from dominating.
     epochs: dict[str, int] = field(default_factory=lambda: {"val": 4, "train": 3})
     drop_page_cache: bool = False
+    repeats: int = 2
     root: Path | None = None
 
     @property
@@ -96,10 +101,10 @@ def memory_copy_bandwidth(nbytes: int = 256 * 2**20, repeats: int = 5) -> float:
     return nbytes / best
 
 
-def run_sweep(opts: Options, root: Path, task: str) -> list[dict[str, str]]:
+def run_sweep(opts: Options, root: Path, task: str, repeat: int = 0) -> list[dict[str, str]]:
     """``model=none`` multirun of every loader over the worker counts; the summary's rows."""
     script = "eval.py" if task == "val" else "train.py"
-    sweep_dir = opts.out / "work" / task
+    sweep_dir = opts.out / "work" / task / f"repeat{repeat}"
     cmd = [
         sys.executable,
         str(REPO / script),
@@ -123,6 +128,17 @@ def run_sweep(opts: Options, root: Path, task: str) -> list[dict[str, str]]:
     shutil.copyfile(sweep_dir / "summary.png", opts.out / f"sweep_{task}.png")
     with open(sweep_dir / "summary.csv") as f:
         return list(csv.DictReader(f))
+
+
+def best_runs(runs: list[dict[str, str]]) -> list[dict[str, str]]:
+    """Per (loader, workers), the run with the most images/s (failed runs only if no other)."""
+    best: dict[tuple[str, str], dict[str, str]] = {}
+    for run in runs:
+        key = (run["loader"], run["num_workers"])
+        speed = _float(run.get("images_per_s")) or 0.0
+        if key not in best or speed > (_float(best[key].get("images_per_s")) or 0.0):
+            best[key] = run
+    return list(best.values())
 
 
 def _float(value: str | None) -> float | None:
@@ -173,7 +189,7 @@ def peer_rows(opts: Options, root: Path, decode: DecodeLimit) -> list[Row]:
     index = discover(cfg)
     rows = []
 
-    def measure(loader: Any, task: str) -> dict[str, Any]:
+    def measure_once(loader: Any, task: str) -> dict[str, Any]:
         meter = LoopMeter(warmup_batches=3)
         with ProcessTreeMonitor() as monitor:
             window = CpuWindow(monitor)
@@ -184,6 +200,10 @@ def peer_rows(opts: Options, root: Path, decode: DecodeLimit) -> list[Row]:
         summary = meter.summary()
         images = summary["images"] or 1
         return {**summary, "cpu_s_per_1k_images": 1000 * window.cpu_s / images}
+
+    def measure(loader: Any, task: str) -> dict[str, Any]:
+        results = [measure_once(loader, task) for _ in range(opts.repeats)]
+        return max(results, key=lambda result: result["images_per_s"] or 0.0)
 
     for task in ("val", "train"):
         split = index.val if task == "val" else index.train
@@ -251,7 +271,8 @@ def write_report(
         f"image_size {opts.image_size}, batch_size {opts.batch_size}, "
         f"{opts.epochs['val']} passes over val and {opts.epochs['train']} over train, "
         f"page cache: {'cold (evicted before each run)' if opts.drop_page_cache else 'warm'}. "
-        f"All runs `model=none` on the CPU, one after another; {wall_s:.0f} s in all.",
+        f"All runs `model=none` on the CPU, one after another; every figure is the best of "
+        f"{opts.repeats} run(s); {wall_s:.0f} s in all.",
         "",
         "## Limits",
         "",
@@ -262,9 +283,17 @@ def write_report(
         lines.append(
             f"| single-core {rate.name} decode + resize | {rate.images_per_s:,.1f} images/s |"
         )
-    lines += [
+    lines.append(
         f"| CPU decode limit ({decode.cores} cores x {decode.best.name}) | "
-        f"{decode.images_per_s:,.1f} images/s |",
+        f"{decode.images_per_s:,.1f} images/s |"
+    )
+    if decode.pool is not None:
+        lines.append(
+            f"| plain thread pool ({decode.pool.name}, no pipeline) | "
+            f"{decode.pool.images_per_s:,.1f} images/s = "
+            f"{100 * decode.ratio(decode.pool.images_per_s):.1f}% of the CPU decode limit |"
+        )
+    lines += [
         f"| memory-copy bandwidth | {copy_bps / 1e9:,.2f} GB/s = "
         f"{copy_bps / image_bytes:,.0f} images/s of {image_bytes:,} bytes |",
         "",
@@ -297,6 +326,15 @@ def write_report(
                 if name != "torchvision" and r.images_per_s
             ]
             lines.append(f"- {task}, {workers} workers, vs torchvision: {', '.join(parts)}")
+    # The decode limit and the pool are val work: read, decode, resize, crop.
+    for row in rows:
+        if row.pipeline == "val" and row.name == "spdl" and row.images_per_s:
+            pool = decode.pool_ratio(row.images_per_s)
+            lines.append(
+                f"- val, spdl at {row.workers} workers: "
+                f"{100 * decode.ratio(row.images_per_s):.1f}% of the CPU decode limit"
+                + (f", {100 * pool:.1f}% of the plain thread pool" if pool else "")
+            )
     tutorial = {r.pipeline: r for r in rows if r.name == "tutorial tensorclass"}
     for task in ("val", "train"):
         memmap = [r for r in rows if r.pipeline == task and r.name == "memmap" and r.images_per_s]
@@ -368,6 +406,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", default=None, help="comma-separated worker counts")
     parser.add_argument("--epochs", default="4,3", help="passes over val,train")
     parser.add_argument("--drop-page-cache", action="store_true")
+    parser.add_argument(
+        "--repeats", type=int, default=None, help="best of this many runs (default 2; quick 1)"
+    )
     args = parser.parse_args(argv)
     cores = usable_cores()
     workers = (
@@ -383,6 +424,7 @@ def main(argv: list[str] | None = None) -> int:
         workers=workers,
         epochs=dict(zip(("val", "train"), map(int, args.epochs.split(",")), strict=True)),
         drop_page_cache=args.drop_page_cache,
+        repeats=max(1, args.repeats or (1 if args.quick else 2)),
     )
     opts.out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
@@ -395,14 +437,14 @@ def main(argv: list[str] | None = None) -> int:
     from loaderbench.data import scan_image_folder
 
     _, val_paths, _ = scan_image_folder(root / "val")
-    decode = measure_decode_limit(
-        val_paths[: 48 if opts.quick else 200], opts.image_size, repeats=1 if opts.quick else 3
-    )
+    # The images the val pipelines read, all of them: the limit is a rate on the same work.
+    decode = measure_decode_limit(val_paths, opts.image_size, repeats=opts.repeats)
     copy_bps = memory_copy_bandwidth(64 * 2**20 if opts.quick else 256 * 2**20)
     image_bytes = 3 * opts.image_size * opts.image_size
     rows: list[Row] = []
     for task in ("val", "train"):
-        rows += loader_rows(task, run_sweep(opts, root, task), decode, copy_bps / image_bytes)
+        runs = [run for r in range(opts.repeats) for run in run_sweep(opts, root, task, r)]
+        rows += loader_rows(task, best_runs(runs), decode, copy_bps / image_bytes)
     rows += peer_rows(opts, root, decode)
     rows.sort(key=lambda r: (r.pipeline != "val", r.name, r.workers or 0))
     write_report(opts, rows, decode, copy_bps, image_bytes, time.perf_counter() - started)

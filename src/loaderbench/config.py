@@ -76,8 +76,11 @@ class SpdlLoaderConfig(LoaderConfig):
     decoder: str = "turbo"
     # A batch not ready within this many seconds raises TimeoutError (null: wait forever).
     timeout_s: float | None = 600.0
-    # Also log SPDL's per-stage statistics every this many seconds (null: at each epoch's end).
+    # Also log SPDL's per-stage statistics every this many seconds (null: when it stops).
     stats_interval_s: float | None = None
+    # One pipeline for the whole run, its source re-iterated each epoch (like DataLoader's
+    # persistent_workers); false: a pipeline built and stopped per epoch.
+    persistent: bool = True
 
 
 @dataclass

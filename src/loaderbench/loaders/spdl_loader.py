@@ -1,33 +1,38 @@
 """The spdl loader: SPDL's thread pipeline, the approach of its imagenet_classification example.
 
-One SPDL pipeline per epoch, all in this process (no worker processes):
+One SPDL pipeline, all in this process (no worker processes):
 
-    source     this epoch's shuffled order, this rank's share: Sample(index, path, label, seed)
-    aggregate  ``loader.batch_size`` samples (the last partial batch dropped when training)
-    decode     ``loader.num_workers`` batches at once in SPDL's thread pool, each decoded image
-               by image straight into one contiguous uint8 NCHW tensor (pinned on CUDA runs;
-               nvjpeg: read by the thread, decoded on the GPU) plus int64 labels
+    source     this rank's share of an epoch's shuffled order, as batches of
+               ``loader.batch_size`` Sample(index, path, label, seed) (the last partial batch
+               dropped when training); re-iterated for each epoch
+    decode     ``loader.num_workers`` batches at once in a pool of as many threads, each
+               decoded image by image straight into one contiguous uint8 NCHW tensor (pinned
+               on CUDA runs; nvjpeg: read by the thread, decoded on the GPU) plus int64 labels
     transfer   CUDA runs with a CPU decoder: copy on a side stream and wait for it, so the copy
                overlaps the main loop's compute
     sink       ``loader.prefetch`` batches ready for the main loop
 
-Batches are formed before decoding, as in SPDL's imagenet_classification example, because
-SPDL's per-task cost (source-thread hand-off, asyncio task, trip to the pool thread and back,
-stats hooks) was measured here at ~1 ms of CPU per task, half a 224 px turbo decode (~1.9 ms):
-one task per image cut the images per CPU second from ~420 (a bare 2-thread pool) to ~290;
-one task per batch matches the bare pool. The decode stage
-keeps input order (``output_order="input"``), so a batch holds the same images as the
+Batches are formed before decoding, as in SPDL's imagenet_classification example, and by the
+source rather than an ``aggregate`` stage, because every item SPDL moves costs Python work on
+its event loop (queue hand-offs, asyncio tasks, stats hooks): measured here, one task per image
+made the decode threads wait for the GIL and cut throughput by a third, and an ``aggregate``
+stage alone took ~0.3 ms of CPU per image; one item per batch makes both vanish. The decode
+stage keeps input order (``output_order="input"``), so a batch holds the same images as the
 torchvision loader's for the same seed and epoch: runs are reproducible and the loaders
 comparable. The decoders (``loader.decoder``) live in ``loaderbench.decoders``.
 
-A pipeline is started per epoch and stopped when the epoch ends, when the consumer stops early,
-on an error, on Ctrl-C (``Pipeline.auto_stop``) and by ``close()``, so no SPDL thread outlives
-its epoch. A file no decoder can read is counted in ``stats()["skipped_files"]`` and left out
-of its batch (``dataset.on_error=skip``), or raised as ``OSError`` naming it (``raise``).
+The pipeline lives for the run (``loader.persistent=true``, like DataLoader's persistent
+workers): its source is continuous, so building and starting threads is paid once and the next
+epoch's first batches are decoded while the current one ends. It is stopped, its threads
+joined, by ``close()``, when the consumer leaves an epoch early, on an error and on Ctrl-C; and
+rebuilt when ``set_epoch`` asks a train loader for another epoch than the one it would serve
+next (resume). ``loader.persistent=false`` builds and stops one per epoch. A file
+no decoder can read is counted in ``stats()["skipped_files"]`` and left out of its batch
+(``dataset.on_error=skip``), or raised as ``OSError`` naming it (``raise``).
 
 SPDL's own per-stage statistics (task times, queue put/get waits and occupancy) are recorded
-by subclasses of its ``TaskStatsHook`` and ``StatsQueue``, logged at the end of every epoch
-(and every ``loader.stats_interval_s`` seconds if set) and summed over epochs in ``stats()``
+by subclasses of its ``TaskStatsHook`` and ``StatsQueue``, logged when a pipeline stops (and
+every ``loader.stats_interval_s`` seconds if set) and summed over pipelines in ``stats()``
 under ``spdl_*`` keys: a sink occupancy near 1 means the loader keeps ahead of the main loop,
 near 0 that the main loop starves; the decode queue's put wait is time decoders were blocked
 by the stages after them.
@@ -40,6 +45,7 @@ import logging
 import re
 import threading
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -107,11 +113,11 @@ class StageTotals:
 
 
 class PipelineStats:
-    """Collects the final QueuePerfStats / TaskPerfStats of every stage of every epoch.
+    """Collects the final QueuePerfStats / TaskPerfStats of every stage of every pipeline.
 
-    SPDL reports them once per stage when the stage ends (and per interval if asked); the last
-    report of a stage in an epoch is the whole-epoch figure, so each epoch keeps the latest and
-    ``end_epoch`` folds them into the totals.
+    SPDL reports them once per stage when the pipeline stops (and per interval if asked); the
+    last report of a stage is the whole-pipeline figure, so each pipeline keeps the latest and
+    ``fold`` adds them to the totals when it has stopped.
     """
 
     def __init__(self) -> None:
@@ -119,7 +125,6 @@ class PipelineStats:
         self._queues: dict[str, QueuePerfStats] = {}
         self._tasks: dict[str, TaskPerfStats] = {}
         self.totals: dict[str, StageTotals] = {}
-        self.epochs = 0
 
     def record_queue(self, info: StageInfo, stats: QueuePerfStats) -> None:
         with self._lock:
@@ -129,29 +134,28 @@ class PipelineStats:
         with self._lock:
             self._tasks[stage_key(info)] = stats
 
-    def end_epoch(self) -> dict[str, float]:
-        """Fold this epoch's stage reports into the totals; return the epoch's summary."""
+    def fold(self) -> dict[str, float]:
+        """Add a stopped pipeline's stage reports to the totals; return its own summary."""
         with self._lock:
             queues, tasks = self._queues, self._tasks
             self._queues, self._tasks = {}, {}
         if not queues and not tasks:
             return {}
-        epoch: dict[str, StageTotals] = {}
+        run: dict[str, StageTotals] = {}
         for key, q in queues.items():
-            t = epoch.setdefault(key, StageTotals())
+            t = run.setdefault(key, StageTotals())
             t.items, t.elapsed_s = q.num_items, q.elapsed
             t.empty_s = q.elapsed * (1.0 - q.occupancy_rate)
             t.put_wait_s, t.get_wait_s = q.ave_put_time * q.num_items, q.ave_get_time * q.num_items
         for key, k in tasks.items():
-            t = epoch.setdefault(key, StageTotals())
+            t = run.setdefault(key, StageTotals())
             t.tasks, t.failures = k.num_tasks, k.num_failures
             t.task_s = k.ave_time * (k.num_tasks - k.num_failures)
-        for key, t in epoch.items():
+        for key, t in run.items():
             total = self.totals.setdefault(key, StageTotals())
             for name in StageTotals.__dataclass_fields__:
                 setattr(total, name, getattr(total, name) + getattr(t, name))
-        self.epochs += 1
-        return summarize(epoch)
+        return summarize(run)
 
     def summary(self) -> dict[str, float]:
         return summarize(self.totals)
@@ -270,17 +274,45 @@ class CudaTransfer:
 
 
 def epoch_samples(spec: LoaderSpec, epoch: int) -> Iterator[Sample]:
-    """This rank's images of an epoch, in the order every loader shares.
+    """This rank's images of an epoch, in the order every loader shares."""
+    for batch in epoch_batches(spec, epoch):
+        yield from batch
+
+
+def epoch_batches(spec: LoaderSpec, epoch: int) -> Iterator[list[Sample]]:
+    """This rank's batches of an epoch: the source of the pipeline.
 
     A generator (SPDL iterates it on its source thread), so an ImageNet-sized epoch is never
-    held as a million Python objects at once.
+    held as a million Python objects at once. Batches are formed here rather than by an SPDL
+    ``aggregate`` stage because that stage moves every image through the event loop's queues
+    on its own (~0.3 ms of CPU per image measured here, on the thread that also hands work to
+    the decoders, which then wait for the GIL); one item per batch makes that cost vanish.
     """
     split = spec.split
     order = epoch_permutation(len(split), spec.seed, epoch, shuffle=spec.train)
     mine = shard_indices(order, spec.batch_size, spec.drop_last, spec.rank, spec.world_size)
-    for chunk in torch.split(mine, 4096):
-        for i in chunk.tolist():
-            yield Sample(i, split.paths[i], split.labels[i], image_seed(spec.seed, epoch, i))
+    for chunk in torch.split(mine, spec.batch_size):
+        yield [
+            Sample(i, split.paths[i], split.labels[i], image_seed(spec.seed, epoch, i))
+            for i in chunk.tolist()
+        ]
+
+
+class EpochSource:
+    """The source of a pipeline that lives across epochs: each pass over it is the next epoch.
+
+    SPDL re-iterates a continuous source as soon as a pass ends (to keep its queues full), so
+    the epoch cannot come from ``set_epoch``, which the consumer calls later: the source counts
+    epochs itself, from the one the pipeline was built for.
+    """
+
+    def __init__(self, spec: LoaderSpec, first_epoch: int) -> None:
+        self.spec = spec
+        self.next_epoch = first_epoch
+
+    def __iter__(self) -> Iterator[list[Sample]]:
+        epoch, self.next_epoch = self.next_epoch, self.next_epoch + 1
+        return epoch_batches(self.spec, epoch)
 
 
 @dataclass(frozen=True)
@@ -289,6 +321,7 @@ class SpdlOptions:
     on_error: str
     timeout_s: float | None
     stats_interval_s: float
+    persistent: bool
 
     @classmethod
     def from_spec(cls, spec: LoaderSpec) -> SpdlOptions:
@@ -304,6 +337,7 @@ class SpdlOptions:
             on_error=on_error,
             timeout_s=None if timeout is None else float(timeout),
             stats_interval_s=float(options.get("stats_interval_s") or -1),
+            persistent=bool(options.get("persistent", True)),
         )
 
 
@@ -319,6 +353,8 @@ class SpdlLoader(Loader):
         self.recorder = PipelineStats()
         self.skipped_files = 0
         self._pipeline: Pipeline[DecodedBatch] | None = None
+        self._executor: ThreadPoolExecutor | None = None
+        self._pipeline_epoch = -1  # the epoch the running pipeline serves next
 
     def __len__(self) -> int:
         return batches_per_epoch(self.spec)
@@ -329,14 +365,19 @@ class SpdlLoader(Loader):
         return self.decoder.decode_batch(samples, pin=self.spec.use_pinned_memory)
 
     def build_pipeline(self, epoch: int) -> Pipeline[DecodedBatch]:
+        """A pipeline serving ``epoch`` and, when persistent, the epochs after it."""
         spec, interval = self.spec, self.options.stats_interval_s
+        # Its own pool of exactly num_workers threads: SPDL's ordered stage keeps up to
+        # concurrency + 2 tasks in flight, which on the shared pool would decode on more
+        # threads than the run asked for (and make 1 worker look like 2 next to torchvision).
+        self._executor = ThreadPoolExecutor(self.decode_threads, "loaderbench_spdl_decode")
         builder = (
             PipelineBuilder()
-            .add_source(epoch_samples(spec, epoch))
-            .aggregate(spec.batch_size, drop_last=spec.drop_last)
+            .add_source(EpochSource(spec, epoch), continuous=self.options.persistent)
             .pipe(
                 in_pool_thread(self._decode),
                 concurrency=self.decode_threads,
+                executor=self._executor,
                 name="decode",
                 output_order="input",
             )
@@ -344,11 +385,25 @@ class SpdlLoader(Loader):
         if spec.device.type == "cuda":
             builder = builder.pipe(in_pool_thread(CudaTransfer(spec.device)), name="transfer")
         return builder.add_sink(spec.prefetch).build(
-            # The decode threads, plus one for the transfer so it never waits for a decode slot.
-            num_threads=self.decode_threads + 1,
+            num_threads=1,  # the transfer stage's; decoding has its own pool
             queue_class=recording_queue_class(self.recorder, interval),
             task_hook_factory=recording_hooks(self.recorder, interval),
         )
+
+    def _pipeline_for(self, epoch: int) -> Pipeline[DecodedBatch]:
+        """The running pipeline if it serves ``epoch`` next, else a new one, started."""
+        # Val batches do not depend on the epoch (no shuffle, no augmentation): any will do.
+        if self._pipeline is not None and (self._pipeline_epoch == epoch or not self.spec.train):
+            return self._pipeline
+        self.close()  # an earlier epoch left unfinished, or set_epoch jumped
+        pipeline = self.build_pipeline(epoch)
+        self._pipeline, self._pipeline_epoch = pipeline, epoch
+        try:
+            pipeline.start()
+        except BaseException:
+            self.close()
+            raise
+        return pipeline
 
     # -- iterating -----------------------------------------------------------------------------
 
@@ -383,25 +438,22 @@ class SpdlLoader(Loader):
 
     def __iter__(self) -> Iterator[Batch]:
         epoch = self.epoch
-        self.close()  # an earlier epoch's iterator left unfinished
-        pipeline = self._pipeline = self.build_pipeline(epoch)
+        pipeline = self._pipeline_for(epoch)
+        finished = False
         try:
-            with pipeline.auto_stop():
-                for batch in self._batches(pipeline, epoch):
-                    self._account(batch.failures)
-                    if len(batch.labels):
-                        yield self._hand_over(batch)
+            for batch in self._batches(pipeline, epoch):
+                self._account(batch.failures)
+                if len(batch.labels):
+                    yield self._hand_over(batch)
+            finished = True
         finally:
-            if self._pipeline is pipeline:
-                self._pipeline = None
-            summary = self.recorder.end_epoch()
-            if summary:
-                log.info(
-                    "spdl %s epoch %d: %s",
-                    "train" if self.spec.train else "val",
-                    epoch,
-                    ", ".join(f"{k[5:]}={v:g}" for k, v in summary.items()),
-                )
+            # An epoch left early (break, an error, Ctrl-C) stops the pipeline: its threads are
+            # gone before the exception travels on. A finished one keeps running into the next
+            # epoch when persistent, as DataLoader's persistent workers do.
+            if finished and self.options.persistent:
+                self._pipeline_epoch = epoch + 1
+            else:
+                self.close()
 
     def stats(self) -> dict[str, Any]:
         return {
@@ -412,10 +464,21 @@ class SpdlLoader(Loader):
         }
 
     def close(self) -> None:
-        """Stop a pipeline still running (an epoch left early); safe to call twice."""
+        """Stop the pipeline and its threads, if running; safe to call twice."""
         pipeline, self._pipeline = self._pipeline, None
+        executor, self._executor = self._executor, None
+        self._pipeline_epoch = -1
         if pipeline is not None:
             try:
                 pipeline.stop()
             except Exception:  # a stage's failure, already raised to the consumer or moot now
                 log.warning("spdl pipeline failed while stopping", exc_info=True)
+        if executor is not None:
+            executor.shutdown(wait=True, cancel_futures=True)
+        summary = self.recorder.fold()
+        if summary:
+            log.info(
+                "spdl %s pipeline: %s",
+                "train" if self.spec.train else "val",
+                ", ".join(f"{k[5:]}={v:g}" for k, v in summary.items()),
+            )
