@@ -493,3 +493,27 @@ def test_train_py_trains_end_to_end_with_spdl(tiny_root: Path, tmp_path: Path) -
     assert metrics["loader_train_spdl_decoder"] == "turbo"
     assert "loader_train_spdl_decode_occupancy" in metrics
     assert (run_dir / "checkpoint.pt").is_file()
+
+
+@pytest.mark.timeout(120)
+def test_a_failing_stage_ends_the_epoch_with_its_cause(
+    tiny_root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Not a bad file (those are Failures) but the stage itself raising: the consumer gets the
+    error, not an epoch quietly short of a batch, and the threads are gone."""
+    before = spdl_threads()
+    loader = build_loader("spdl", spec(index_of(tiny_root).val, train=False))
+    real, calls = loader.decoder.decode_batch, []
+
+    def fails_second(samples, pin):
+        calls.append(len(samples))
+        if len(calls) == 2:
+            raise RuntimeError("pinned buffer exhausted")
+        return real(samples, pin)
+
+    monkeypatch.setattr(loader.decoder, "decode_batch", fails_second)
+    with pytest.raises(RuntimeError, match="pinned buffer exhausted"):
+        for _ in loader:
+            pass
+    loader.close()
+    assert spdl_threads() <= before

@@ -26,6 +26,7 @@ from loaderbench.checkpoint import load_checkpoint, rng_state, save_checkpoint, 
 from loaderbench.data import DatasetIndex, discover, resolve_path
 from loaderbench.distributed import DistInfo
 from loaderbench.engine import EvalCounts, TrainStep, consume, evaluate, train_one_epoch
+from loaderbench.images import set_max_pixels
 from loaderbench.loaders import Loader, build_loader, loader_spec
 from loaderbench.locking import atomic_write_text
 from loaderbench.meters import CpuWindow, LoopMeter, ProcessTreeMonitor
@@ -180,6 +181,8 @@ def _open_run(cfg: DictConfig, task: str) -> Iterator[Run]:
             logging.getLogger("loaderbench").setLevel(logging.WARNING)
         precision = resolve_precision(cfg.precision.name, device)
         metrics["device"] = str(device)
+        # Before any loader forks a worker, so every worker process inherits the limit.
+        set_max_pixels(cfg.dataset.max_image_pixels)
         dataset = discover(cfg.dataset)
         metrics.update(
             num_classes=dataset.num_classes,

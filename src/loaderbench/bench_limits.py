@@ -125,7 +125,8 @@ def usable_cores() -> int:
 def candidates(image_size: int) -> dict[str, DecodeFn]:
     """The val job for one file -> uint8 CHW, per available decoder."""
     from loaderbench.decoders import FFmpegDecoder, Geometry, Sample, TurboDecoder
-    from loaderbench.transforms import load_rgb, pil_val_transform
+    from loaderbench.images import load_rgb
+    from loaderbench.transforms import pil_val_transform
 
     pil_transform = pil_val_transform(image_size)
     geometry = Geometry(image_size, train=False)

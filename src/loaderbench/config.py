@@ -38,7 +38,12 @@ class DatasetConfig:
     val_list: str | None = None
     # Use at most this many images a split (null: all). Handy for quick looks at big sets.
     max_images: int | None = None
+    # An unreadable image (truncated, empty, not an image, over max_image_pixels): skip it
+    # (counted in skipped_files, named in the log) or raise, naming it.
     on_error: str = "skip"
+    # Refuse images with more pixels than this, from their header, before decoding (null: no
+    # limit). The default is PIL's decompression-bomb threshold.
+    max_image_pixels: int | None = 178_956_970
 
 
 @dataclass

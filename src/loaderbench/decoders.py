@@ -18,9 +18,12 @@ decode or resize in another thread, its longest stall ~12-20 ms against 70-500 m
   (``torchvision.io.decode_jpeg(list, device="cuda")``) and crops and resizes it. It needs a
   CUDA device and says so at once where there is none.
 
-Files that are not JPEG (a PNG named .JPEG, BMP, TIFF, ...) fall back to a generic decoder
-(``torchvision.io.decode_image``, then PIL), so they still load. A file nothing can decode
-becomes a ``Failure`` naming it; the loader skips or raises it (``dataset.on_error``).
+Files that are not JPEG (a PNG or WebP named .JPEG, BMP, TIFF, 16-bit PNG, ...) fall back to
+PIL through ``loaderbench.images``, the torchvision and memmap loaders' own path, so they load
+with the same pixels everywhere. Every decoder refuses an image over
+``dataset.max_image_pixels`` from its header, before decoding it, and none applies EXIF
+orientation (``loaderbench.images`` says why). A file nothing can decode becomes a ``Failure``
+naming it; the loader skips or raises it (``dataset.on_error``).
 
 Geometry, the same for every decoder and equal to the torchvision reference:
 
@@ -54,6 +57,7 @@ from typing import ClassVar, NamedTuple
 import torch
 import torch.nn.functional as F
 
+from loaderbench.images import ImageTooLarge, check_size, jpeg_size, load_rgb
 from loaderbench.transforms import (
     RRC_RATIO,
     RRC_SCALE,
@@ -71,6 +75,9 @@ warnings.filterwarnings(
 )
 
 JPEG_MAGIC = b"\xff\xd8\xff"
+# The frame header follows the EXIF, ICC and quantisation segments: 256 KiB covers them all but
+# for a pathological file (for which the size check is then skipped, and the decoder decides).
+JPEG_HEADER_SCAN = 256 * 1024
 
 # FFmpeg's scaler: bilinear, widened when shrinking like PIL's antialiased filter. Interpolating
 # chroma at full resolution brings its colours closer to libjpeg's (mean |diff| from PIL's
@@ -293,32 +300,31 @@ def is_jpeg(data: torch.Tensor) -> bool:
     return data.numel() >= 3 and bytes(data[:3].tolist()) == JPEG_MAGIC
 
 
-def decode_generic(data: torch.Tensor, path: str) -> torch.Tensor:
-    """Any format torchvision decodes (JPEG, PNG, GIF, WEBP, ...), else PIL (BMP, TIFF, PPM):
-    uint8 RGB CHW."""
-    from torchvision.io import ImageReadMode, decode_image
+def decode_generic(path: str) -> torch.Tensor:
+    """Anything that is not a JPEG (PNG, WebP, GIF, BMP, TIFF, ...): PIL, through the same
+    function as the torchvision and memmap loaders (size limit, colour modes, 16-bit), so an odd
+    file gives the same pixels in every loader. uint8 RGB CHW."""
+    from torchvision.transforms.v2.functional import pil_to_tensor
 
-    try:
-        return decode_image(data, mode=ImageReadMode.RGB)
-    except RuntimeError as torchvision_error:
-        from loaderbench.transforms import load_rgb
-
-        try:
-            image = load_rgb(path)
-        except Exception as pil_error:
-            raise OSError(f"{torchvision_error}; PIL: {pil_error}") from pil_error
-        from torchvision.transforms.v2.functional import pil_to_tensor
-
-        return pil_to_tensor(image)
+    return pil_to_tensor(load_rgb(path))
 
 
 def decode_cpu(data: torch.Tensor, path: str) -> torch.Tensor:
-    """libjpeg-turbo for JPEG, the generic decoder for anything else: uint8 RGB CHW."""
+    """libjpeg-turbo for JPEG (size checked from its header first), the generic decoder for
+    anything else: uint8 RGB CHW, EXIF orientation not applied (see ``loaderbench.images``)."""
     from torchvision.io import ImageReadMode, decode_jpeg
 
     if is_jpeg(data):
+        check_jpeg_size(data, path)
         return decode_jpeg(data, mode=ImageReadMode.RGB)
-    return decode_generic(data, path)
+    return decode_generic(path)
+
+
+def check_jpeg_size(data: torch.Tensor, path: str) -> None:
+    """``ImageTooLarge`` before decoding a JPEG whose frame header is over the pixel limit."""
+    size = jpeg_size(memoryview(data[:JPEG_HEADER_SCAN].numpy()))  # no copy
+    if size is not None:
+        check_size(*size, path)
 
 
 def _first_line(error: BaseException) -> str:
@@ -398,6 +404,7 @@ class FFmpegDecoder(ImageDecoder):
         io = self._spdl_io
         packets = io.demux_image(sample.path)
         codec = packets.codec
+        check_size(codec.width, codec.height, sample.path)
         plan = self.geometry.plan(codec.height, codec.width, sample.seed)
         frames = io.decode_packets(
             packets,
@@ -413,10 +420,12 @@ class FFmpegDecoder(ImageDecoder):
     def load(self, sample: Sample) -> Decoded | Failure:
         try:
             return Decoded(self._decode(sample), sample.label)
+        except ImageTooLarge as error:
+            return Failure(sample.path, _first_line(error))
         except Exception as ffmpeg_error:
             # Not something FFmpeg reads: try the generic decoder before giving up.
             try:
-                image = decode_generic(read_bytes(sample.path), sample.path)
+                image = decode_generic(sample.path)
             except Exception as error:
                 return Failure(
                     sample.path,
@@ -446,8 +455,9 @@ class NvjpegDecoder(ImageDecoder):
         try:
             data = read_bytes(sample.path)
             if is_jpeg(data):
+                check_jpeg_size(data, sample.path)
                 return Encoded(data, sample)
-            image = decode_generic(data, sample.path)  # rare: decode on the CPU
+            image = decode_generic(sample.path)  # rare: decode on the CPU
             plan = self.geometry.plan(image.shape[-2], image.shape[-1], sample.seed)
             return Decoded(apply_plan(image, plan), sample.label)
         except Exception as error:

@@ -48,14 +48,14 @@ import numpy as np
 import PIL
 import torch
 import torch.nn.functional as F
-from PIL import Image
 from tensordict import MemoryMappedTensor, TensorClass
 from torch.utils.data import DataLoader, Dataset
 from tqdm import tqdm
 
 from loaderbench.data import Split
+from loaderbench.images import load_rgb, max_pixels, open_checked, to_rgb
 from loaderbench.locking import FileLock, atomic_write_text
-from loaderbench.transforms import load_rgb, pil_val_transform
+from loaderbench.transforms import pil_val_transform
 
 log = logging.getLogger(__name__)
 
@@ -128,6 +128,7 @@ def cache_source(split: Split, policy: StorePolicy) -> dict[str, Any]:
         "files": split.fingerprint(),  # paths, labels, sizes, mtimes
         "num_images": len(split),
         "pillow": PIL.__version__,
+        "max_image_pixels": max_pixels(),  # which images are skipped
         **policy.describe(),
     }
 
@@ -169,12 +170,12 @@ def decode_fit(path: str, long_side: int) -> torch.Tensor:
     torchvision loader's decoding.
     """
     with open(path, "rb") as f:
-        image = Image.open(f)
+        image = open_checked(f, path)
         target = fit_size(*image.size, long_side)
         if target != image.size:
             image.draft("RGB", target)
         image.load()
-    pixels = torch.from_numpy(np.array(image.convert("RGB")))  # np.array: writable
+    pixels = torch.from_numpy(np.array(to_rgb(image)))  # np.array: writable
     if (pixels.shape[1], pixels.shape[0]) == target:
         return pixels
     nchw = pixels.permute(2, 0, 1)[None]  # channels-last view: the kernel's fast layout

@@ -16,8 +16,9 @@ import hashlib
 import math
 
 import torch
-from PIL import Image
 from torchvision.transforms import v2
+
+from loaderbench.images import load_rgb  # noqa: F401 - the reference pipeline's first step
 
 RRC_SCALE = (0.08, 1.0)
 RRC_RATIO = (3.0 / 4.0, 4.0 / 3.0)
@@ -26,14 +27,6 @@ RRC_RATIO = (3.0 / 4.0, 4.0 / 3.0)
 def val_resize_size(size: int) -> int:
     """Short side before the centre crop: 256 for 224, in proportion otherwise."""
     return (size * 256) // 224
-
-
-def load_rgb(path: str) -> Image.Image:
-    """Decode an image file with PIL and convert it to RGB (grayscale, CMYK, palette, RGBA)."""
-    with open(path, "rb") as f:
-        image = Image.open(f)
-        image.load()
-    return image.convert("RGB")
 
 
 def pil_train_transform(

@@ -58,6 +58,11 @@ def validate_config(cfg: DictConfig) -> None:
             cfg.bench.max_batches,
         ),
         (
+            cfg.dataset.max_image_pixels is None or cfg.dataset.max_image_pixels >= 1,
+            "dataset.max_image_pixels must be >= 1 or null",
+            cfg.dataset.max_image_pixels,
+        ),
+        (
             cfg.dataset.on_error in ON_ERROR,
             f"dataset.on_error must be one of {ON_ERROR}",
             cfg.dataset.on_error,

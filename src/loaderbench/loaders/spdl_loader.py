@@ -248,6 +248,17 @@ def in_pool_thread(fn: Callable[[T], U]) -> Callable[[T], U]:
     return stage
 
 
+def root_cause(error: BaseException) -> BaseException:
+    """The first exception a stage raised, out of SPDL's exception group and wrappers."""
+    while True:
+        if isinstance(error, BaseExceptionGroup) and error.exceptions:
+            error = error.exceptions[0]
+        elif error.__cause__ is not None:
+            error = error.__cause__
+        else:
+            return error
+
+
 class CudaTransfer:
     """Copy a pinned CPU batch to the GPU on a side stream (one per thread) and wait for it.
 
@@ -386,6 +397,10 @@ class SpdlLoader(Loader):
             builder = builder.pipe(in_pool_thread(CudaTransfer(spec.device)), name="transfer")
         return builder.add_sink(spec.prefetch).build(
             num_threads=1,  # the transfer stage's; decoding has its own pool
+            # A stage that raises (bad files do not: they come back as Failures) halts the
+            # pipeline and the consumer gets the error; SPDL's default drops the batch and
+            # carries on, which would be an epoch silently short of images.
+            max_failures=0,
             queue_class=recording_queue_class(self.recorder, interval),
             task_hook_factory=recording_hooks(self.recorder, interval),
         )
@@ -427,6 +442,12 @@ class SpdlLoader(Loader):
                     f"spdl loader: no batch for loader.timeout_s={timeout:g} s in epoch {epoch} "
                     f"(decoder {self.options.decoder}); is the file system stuck?"
                 ) from error
+            except BaseExceptionGroup as failure:  # SPDL's PipelineFailure: say what failed
+                cause = root_cause(failure)
+                raise RuntimeError(
+                    f"spdl loader: the pipeline failed in epoch {epoch} (decoder "
+                    f"{self.options.decoder}): {type(cause).__name__}: {cause}"
+                ) from cause
 
     def _hand_over(self, batch: DecodedBatch) -> Batch:
         if batch.images.is_cuda:

@@ -7,6 +7,7 @@ worker, pinned in the main process on CUDA and copied to the device without bloc
 
 from __future__ import annotations
 
+import signal
 import logging
 from collections.abc import Callable, Iterator, Sequence
 
@@ -14,6 +15,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from loaderbench.data import Split
+from loaderbench.images import load_rgb
 from loaderbench.loaders.base import (
     Batch,
     Loader,
@@ -23,7 +25,7 @@ from loaderbench.loaders.base import (
     shard_indices,
     to_device,
 )
-from loaderbench.transforms import load_rgb, pil_train_transform, pil_val_transform
+from loaderbench.transforms import pil_train_transform, pil_val_transform
 
 log = logging.getLogger(__name__)
 
@@ -135,10 +137,31 @@ class TorchvisionLoader(Loader):
 
     def __iter__(self) -> Iterator[Batch]:
         non_blocking = self.spec.use_pinned_memory
-        for images, labels, failed in self.dataloader:
-            self.skipped.update(failed)
-            if len(labels):
-                yield to_device(Batch(images, labels), self.spec.device, non_blocking)
+        try:
+            for images, labels, failed in self.dataloader:
+                self.skipped.update(failed)
+                if len(labels):
+                    yield to_device(Batch(images, labels), self.spec.device, non_blocking)
+        except RuntimeError as error:
+            dead = self._dead_workers()
+            if not dead:
+                raise
+            raise RuntimeError(
+                f"torchvision loader: {dead} in epoch {self.epoch} ({error}); out of memory "
+                f"(see `dmesg`), or a crash in an image codec?"
+            ) from error
+
+    def _dead_workers(self) -> str:
+        """'worker pid N killed by SIGKILL, ...' for worker processes that died, else ''."""
+        workers = getattr(getattr(self.dataloader, "_iterator", None), "_workers", [])
+        dead = []
+        for worker in workers:
+            code = worker.exitcode
+            if code is None or code == 0:
+                continue
+            how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
+            dead.append(f"worker pid {worker.pid} {how}")
+        return ", ".join(dead)
 
     def stats(self) -> dict[str, int]:
         return {"skipped_files": len(self.skipped)}

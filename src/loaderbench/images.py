@@ -1,0 +1,127 @@
+"""Reading one image file, the same way in every loader: size limit, colour modes, orientation.
+
+Every decode path goes through here before it spends memory on pixels:
+
+* **Size limit** (``dataset.max_image_pixels``, default 178,956,970: PIL's own bomb threshold):
+  the header is read first, and an image with more pixels is refused with ``ImageTooLarge``
+  naming the file and its size, so a 60000 x 60000 "JPEG" of a few kilobytes cannot allocate
+  10 GB in a worker. The loaders treat it as any unreadable file (``dataset.on_error``).
+* **Colour modes**: grayscale, CMYK, palette and RGBA become RGB (alpha dropped, as PIL's
+  ``convert`` does); 16-bit and 32-bit integer images (16-bit PNGs, I;16 TIFFs) are scaled to
+  8 bits by their high byte rather than clipped at 255 (PIL's ``convert`` would turn a 16-bit
+  photo white).
+* **Orientation**: EXIF orientation tags are *not* applied, in every loader. That is what
+  torchvision's ImageFolder, timm's loaders and libjpeg-turbo through ``torchvision.io`` do, so
+  models trained here see the pixels that published ImageNet models were trained and evaluated
+  on; FFmpeg and nvJPEG do not apply it either. A folder of phone photos stored sideways should
+  be rotated on disk once (``exiftran -ai``, ``mogrify -auto-orient``).
+
+``set_max_pixels`` sets the limit for the process (the run does it from the config, before any
+worker process is forked, so workers inherit it).
+"""
+
+from __future__ import annotations
+
+from typing import BinaryIO
+
+import numpy as np
+from PIL import Image
+
+# PIL refuses images over 2 x MAX_IMAGE_PIXELS (89,478,485) with DecompressionBombError.
+DEFAULT_MAX_PIXELS = 2 * 89_478_485
+
+_max_pixels: int | None = DEFAULT_MAX_PIXELS
+
+# Our own check replaces PIL's warning at 89M pixels and its error at 179M, for every format.
+Image.MAX_IMAGE_PIXELS = None
+
+
+class ImageTooLarge(OSError):
+    """An image over the pixel limit (a decompression bomb, or just too big to decode)."""
+
+
+def set_max_pixels(limit: int | None) -> None:
+    """The pixel limit for this process (None: no limit)."""
+    global _max_pixels
+    if limit is not None and limit < 1:
+        raise ValueError(f"dataset.max_image_pixels must be >= 1 or null, got {limit}")
+    _max_pixels = limit
+
+
+def max_pixels() -> int | None:
+    return _max_pixels
+
+
+def check_size(width: int, height: int, path: str) -> None:
+    """Raise ``ImageTooLarge`` for an image over the limit, before it is decoded."""
+    if _max_pixels is not None and width * height > _max_pixels:
+        raise ImageTooLarge(
+            f"image {path} is {width}x{height} = {width * height:,} pixels, over "
+            f"dataset.max_image_pixels={_max_pixels:,} (a decompression bomb?); raise the "
+            f"limit if the file is genuine"
+        )
+
+
+def open_checked(file: BinaryIO, path: str) -> Image.Image:
+    """``Image.open`` (header only) with the size checked; decode it with ``load()``."""
+    image = Image.open(file)
+    check_size(*image.size, path)
+    return image
+
+
+def to_rgb(image: Image.Image) -> Image.Image:
+    """RGB from any PIL mode; integer images deeper than 8 bits keep their high byte."""
+    if image.mode == "RGB":
+        return image
+    if image.mode in ("I", "I;16", "I;16B", "I;16L", "I;16N"):
+        pixels = np.asarray(image, dtype=np.uint32)
+        # 16-bit data in a 32-bit mode ("I", as PIL opens 16-bit PNGs) still spans 0..65535.
+        shift = 8 if pixels.max(initial=0) <= 0xFFFF else 24
+        return Image.fromarray((pixels >> shift).astype(np.uint8), mode="L").convert("RGB")
+    return image.convert("RGB")
+
+
+def load_rgb(path: str) -> Image.Image:
+    """Decode an image file with PIL into RGB: size checked, any colour mode, no EXIF rotation."""
+    with open(path, "rb") as f:
+        image = open_checked(f, path)
+        image.load()
+    return to_rgb(image)
+
+
+def jpeg_size(data: bytes | memoryview) -> tuple[int, int] | None:
+    """(width, height) from a JPEG's frame header, without decoding; None if not found."""
+    n, i = len(data), 2
+    while i + 4 <= n:
+        if data[i] != 0xFF:
+            return None
+        marker = data[i + 1]
+        if marker == 0xFF:  # fill byte
+            i += 1
+            continue
+        if marker in (0xD8, 0x01) or 0xD0 <= marker <= 0xD7:  # no length field
+            i += 2
+            continue
+        length = (data[i + 2] << 8) | data[i + 3]
+        # SOF0..SOF15 carry the frame size, except DHT (C4), JPG (C8) and DAC (CC).
+        if 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC):
+            if i + 9 > n:
+                return None
+            height = (data[i + 5] << 8) | data[i + 6]
+            width = (data[i + 7] << 8) | data[i + 8]
+            return width, height
+        i += 2 + length
+    return None
+
+
+__all__ = [
+    "DEFAULT_MAX_PIXELS",
+    "ImageTooLarge",
+    "check_size",
+    "jpeg_size",
+    "load_rgb",
+    "max_pixels",
+    "open_checked",
+    "set_max_pixels",
+    "to_rgb",
+]
