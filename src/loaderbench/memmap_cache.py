@@ -17,6 +17,13 @@ gather from the page cache instead of opening, decoding and resizing files. Layo
 resizes) and ``FORMAT_VERSION``. A changed dataset or setting therefore gets a new folder and
 never reads stale images. Old folders are left in place (another run may be reading them).
 
+Safety: a build reserves all its blocks first (``posix_fallocate``), so a full disk fails at
+once with ENOSPC naming the folder, never with a SIGBUS in a worker halfway; every open compares
+the file sizes recorded at build time and a hash of the labels, sizes and 64 evenly spaced image
+rows (milliseconds), so a cache truncated or edited since is rebuilt, with a warning saying
+which file changed, never read. A read-only ``cache_dir`` serves the caches it holds; one it
+lacks is an error naming ``loader.cache_dir``.
+
 Store policies:
 
 * val (``crop``): exactly ``pil_val_transform(image_size)`` (Resize + CenterCrop, the same PIL
@@ -59,7 +66,7 @@ from loaderbench.transforms import pil_val_transform
 
 log = logging.getLogger(__name__)
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: integrity record (file sizes, sample hash)
 META_FILE = "cache.json"
 COMPLETE_FILE = "COMPLETE"
 # Images a build worker decodes per task: small enough for a lively progress bar.
@@ -68,6 +75,10 @@ BUILD_CHUNK = 16
 
 class CacheError(RuntimeError):
     """A cache folder that cannot be used; the message names the folder."""
+
+
+class CacheChanged(CacheError):
+    """A complete cache whose files no longer match what was built: rebuilt, never read."""
 
 
 class ImageCache(TensorClass):
@@ -276,6 +287,76 @@ def _fsync_tree(folder: Path) -> None:
             os.close(fd)
 
 
+def reserve_space(folder: Path) -> None:
+    """Allocate every (sparse) file of a new cache in full now.
+
+    Writing into a sparse memory map when the disk is full kills the writer with SIGBUS, in a
+    worker, at some image; reserved blocks cannot run out, so a disk filled by someone else
+    after the free-space check fails here, at once, with ENOSPC naming the folder.
+    """
+    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+        fd = os.open(path, os.O_RDWR)
+        try:
+            os.posix_fallocate(fd, 0, os.fstat(fd).st_size)
+        except OSError as error:
+            free = shutil.disk_usage(folder).free
+            raise CacheError(
+                f"memmap cache {folder}: cannot reserve {os.fstat(fd).st_size / 1e9:.2f} GB "
+                f"for {path.name} ({error.strerror}; {free / 1e9:.2f} GB free); set "
+                f"loader.cache_dir to a larger disk"
+            ) from error
+        finally:
+            os.close(fd)
+
+
+# Rows hashed to check a cache on every open: enough to catch an edited or truncated file
+# (sizes catch truncation on their own), few enough to cost milliseconds (~10 MB at 224 px).
+SAMPLE_ROWS = 64
+
+
+def sample_digest(cache: ImageCache) -> str:
+    """A hash of the small fields in full and of ``SAMPLE_ROWS`` image rows spread evenly."""
+    n = len(cache.labels)
+    digest = hashlib.blake2b(digest_size=16)
+    for field in (cache.labels, cache.heights, cache.widths):
+        digest.update(field.contiguous().numpy().tobytes())
+    for row in torch.linspace(0, n - 1, min(n, SAMPLE_ROWS)).round().long().unique().tolist():
+        digest.update(cache.images[row].contiguous().numpy().tobytes())
+    return digest.hexdigest()
+
+
+def file_sizes(folder: Path) -> dict[str, int]:
+    """Size of every file of a cache, by path relative to it (the metadata files aside)."""
+    sizes = {}
+    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+        relative = str(path.relative_to(folder))
+        if relative not in (META_FILE, COMPLETE_FILE):
+            sizes[relative] = path.stat().st_size
+    return sizes
+
+
+def check_file_sizes(folder: Path, meta: dict[str, Any]) -> None:
+    """``CacheChanged`` if a file of the cache was truncated, extended or removed."""
+    for relative, size in ((meta.get("integrity") or {}).get("files") or {}).items():
+        path = folder / relative
+        actual = path.stat().st_size if path.is_file() else None
+        if actual != size:
+            raise CacheChanged(
+                f"memmap cache {folder} was changed after it was built: {relative} is "
+                f"{'missing' if actual is None else f'{actual:,} bytes'}, expected {size:,}"
+            )
+
+
+def check_sample(folder: Path, data: ImageCache, meta: dict[str, Any]) -> None:
+    """``CacheChanged`` if the sampled rows (or labels, sizes) were edited since the build."""
+    expected = (meta.get("integrity") or {}).get("sample")
+    if expected is not None and sample_digest(data) != expected:
+        raise CacheChanged(
+            f"memmap cache {folder} was changed after it was built: its labels, sizes or "
+            f"sampled image rows no longer match their checksum"
+        )
+
+
 def build_cache(
     split: Split,
     policy: StorePolicy,
@@ -304,6 +385,7 @@ def build_cache(
         batch_size=[n],
     )
     cache = template.memmap_like(dest)
+    reserve_space(dest)
     cache.labels.copy_(torch.tensor(split.labels, dtype=torch.int64))
     chunks = _BuildChunks(split, policy, str(cache.images.filename), n, skip_errors)
     loader = DataLoader(
@@ -340,8 +422,10 @@ def build_cache(
     steady_s = time.perf_counter() - first_at
     cache.heights.copy_(heights)
     cache.widths.copy_(widths)
+    integrity = {"sample": sample_digest(cache)}
     del cache, template
     _fsync_tree(dest)
+    integrity["files"] = file_sizes(dest)
     build_s = time.perf_counter() - started
     skipped.sort(key=lambda item: item["index"])
     return {
@@ -355,6 +439,7 @@ def build_cache(
         "build_images_per_s": n / decode_s,  # start-up included, fsync not
         "build_steady_images_per_s": (n - first_count) / steady_s if n > first_count else None,
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "integrity": integrity,
     }
 
 
@@ -391,7 +476,12 @@ def open_cache(folder: Path, policy: StorePolicy, built: bool = False) -> Opened
             f"memmap cache {folder} has format {meta.get('format_version')!r} and name "
             f"{meta.get('name')!r}; expected {FORMAT_VERSION} and {folder.name!r}"
         )
-    data = ImageCache.load_memmap(folder)
+    check_file_sizes(folder, meta)  # before mapping: a short file would map, then SIGBUS
+    try:
+        data = ImageCache.load_memmap(folder)
+    except Exception as error:
+        raise CacheChanged(f"memmap cache {folder} cannot be mapped: {error}") from error
+    check_sample(folder, data, meta)
     expected = (meta["num_images"], *policy.image_shape())
     if tuple(data.images.shape) != expected or data.images.dtype != torch.uint8:
         raise CacheError(
@@ -423,6 +513,31 @@ def _check_space(cache_dir: Path, final: Path, needed: int) -> None:
         )
 
 
+def _open_unchanged(final: Path, policy: StorePolicy, warn: bool = True) -> OpenedCache | None:
+    """The complete cache at ``final``, or None if its files changed since its build."""
+    try:
+        return open_cache(final, policy)
+    except CacheChanged as error:
+        if warn:
+            log.warning("%s; rebuilding it", error)
+        return None
+
+
+def _require_writable(cache_dir: Path, final: Path) -> None:
+    """A cache must be built: fail now, naming the key, if its folder cannot take it."""
+    try:
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        writable = os.access(cache_dir, os.W_OK)
+        reason = "" if writable else "no write access"
+    except OSError as error:
+        writable, reason = False, error.strerror or str(error)
+    if not writable:
+        raise CacheError(
+            f"memmap cache {final} must be built, but loader.cache_dir={cache_dir} is not "
+            f"writable ({reason}); point loader.cache_dir at a writable folder"
+        )
+
+
 def ensure_cache(
     split: Split,
     policy: StorePolicy,
@@ -435,16 +550,19 @@ def ensure_cache(
     source = cache_source(split, policy)
     name = cache_name(split, policy, source)
     final = cache_dir / name
-    if is_complete(final):
-        return open_cache(final, policy)
-    cache_dir.mkdir(parents=True, exist_ok=True)
+    # Checked again under the lock (and the change logged there), before rebuilding.
+    if is_complete(final) and (opened := _open_unchanged(final, policy, warn=False)) is not None:
+        return opened
+    _require_writable(cache_dir, final)
     lock = FileLock(
         cache_dir / f".{name}.lock",
         wait_message=f"Waiting for another run building memmap cache {final} ...",
     )
     with lock:
-        if is_complete(final):  # built by the run we waited for
-            return open_cache(final, policy)
+        if is_complete(final):  # built by the run we waited for, or changed since
+            if (opened := _open_unchanged(final, policy)) is not None:
+                return opened
+            shutil.rmtree(final)
         _remove_stale(cache_dir, name)
         _check_space(cache_dir, final, len(split) * policy.bytes_per_image())
         tmp = cache_dir / f".{name}.tmp-{os.getpid()}"

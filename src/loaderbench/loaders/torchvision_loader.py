@@ -7,8 +7,8 @@ worker, pinned in the main process on CUDA and copied to the device without bloc
 
 from __future__ import annotations
 
-import signal
 import logging
+import signal
 from collections.abc import Callable, Iterator, Sequence
 
 import torch
