@@ -273,15 +273,20 @@ def benchmark_loader(run: Run, loader: Loader, epochs: int) -> dict[str, Any]:
     """model=none: the loader alone, over ``epochs`` passes."""
     meter = run.meter()
     window = CpuWindow(run.monitor)
-    for epoch in range(epochs):
-        loader.set_epoch(epoch)
-        with window:
-            consume(
-                loader,
-                meter,
-                max_batches=run.cfg.bench.max_batches,
-                desc=f"{run.cfg.loader.name} epoch {epoch}",
-            )
+    try:
+        for epoch in range(epochs):
+            loader.set_epoch(epoch)
+            with window:
+                consume(
+                    loader,
+                    meter,
+                    max_batches=run.cfg.bench.max_batches,
+                    desc=f"{run.cfg.loader.name} epoch {epoch}",
+                )
+    except BaseException:
+        if meter.batches:  # interrupted or failed: what was measured (this rank's) still counts
+            run.metrics.update(loop_metrics(meter, window.cpu_s))
+        raise
     return distributed.reduce_loop_metrics(loop_metrics(meter, window.cpu_s), run.dist.world_size)
 
 
