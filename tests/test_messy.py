@@ -5,6 +5,8 @@ naming one."""
 from __future__ import annotations
 
 import io
+import os
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -12,6 +14,7 @@ import pytest
 import torch
 from PIL import Image
 
+from loaderbench.data import Split
 from loaderbench.images import DEFAULT_MAX_PIXELS, set_max_pixels
 from loaderbench.loaders import build_loader
 from loaderbench.transforms import pil_val_transform
@@ -171,3 +174,26 @@ def test_odd_images_give_the_same_pixels_in_every_loader(
     rotated = pil_val_transform(SIZE)(_photo(8).transpose(Image.Transpose.ROTATE_270))
     got = by_name["exif_rotated.JPEG"].float()
     assert (got - raw.float()).abs().mean() < (got - rotated.float()).abs().mean() / 3
+
+
+@pytest.mark.parametrize("loader", LOADERS)
+@pytest.mark.parametrize("kind", ["vanished", "no_permission"])
+def test_a_file_that_cannot_be_opened_is_skipped_and_named(
+    loader: str, kind: str, tiny_root: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Listed at discovery, then unopenable: deleted since, or not readable by this user."""
+    if kind == "no_permission" and os.geteuid() == 0:
+        pytest.skip("root reads a file whatever its mode bits")
+    split = folder_index(tiny_root).val
+    bad = tmp_path / "n00000001" / f"{kind}.JPEG"
+    bad.parent.mkdir()
+    if kind == "no_permission":
+        shutil.copyfile(split.paths[0], bad)
+        bad.chmod(0)
+    split = Split("val", (*split.paths, str(bad)), (*split.labels, 0))
+    options = {"on_error": "skip", "cache_dir": str(tmp_path / "cache")}
+    spec = cpu_spec(split, False, image_size=SIZE, batch_size=4, options=options)
+    with build_loader(loader, spec) as built:
+        assert sum(len(batch.labels) for batch in built) == len(split) - 1
+        assert built.stats()["skipped_files"] == 1
+    assert str(bad) in caplog.text

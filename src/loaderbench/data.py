@@ -42,8 +42,12 @@ class Split:
         """Changes when any file is added, removed, renamed, resized or touched."""
         digest = hashlib.sha256()
         for path, label in zip(self.paths, self.labels, strict=True):
-            st = os.stat(path)
-            digest.update(f"{path}\0{label}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+            try:
+                st = os.stat(path)
+                size, mtime = st.st_size, st.st_mtime_ns
+            except OSError:  # gone since discovery: the loaders skip it, naming it
+                size = mtime = -1
+            digest.update(f"{path}\0{label}\0{size}\0{mtime}\n".encode())
         return digest.hexdigest()[:16]
 
 

@@ -27,7 +27,7 @@ epoch's first batches are decoded while the current one ends. It is stopped, its
 joined, by ``close()``, when the consumer leaves an epoch early, on an error and on Ctrl-C; and
 rebuilt when ``set_epoch`` asks a train loader for another epoch than the one it would serve
 next (resume). ``loader.persistent=false`` builds and stops one per epoch. A file
-no decoder can read is counted in ``stats()["skipped_files"]`` and left out of its batch
+no decoder can read is counted once in ``stats()["skipped_files"]`` and left out of its batch
 (``dataset.on_error=skip``), or raised as ``OSError`` naming it (``raise``).
 
 SPDL's own per-stage statistics (task times, queue put/get waits and occupancy) are recorded
@@ -362,7 +362,7 @@ class SpdlLoader(Loader):
         self.decoder: ImageDecoder = build_decoder(self.options.decoder, geometry, spec.device)
         self.decode_threads = max(1, spec.num_workers)
         self.recorder = PipelineStats()
-        self.skipped_files = 0
+        self.skipped: set[str] = set()  # paths, each counted and logged once
         self._pipeline: Pipeline[DecodedBatch] | None = None
         self._executor: ThreadPoolExecutor | None = None
         self._pipeline_epoch = -1  # the epoch the running pipeline serves next
@@ -426,8 +426,9 @@ class SpdlLoader(Loader):
         for failure in failures:
             if self.options.on_error == "raise":
                 raise OSError(f"cannot decode image {failure.path}: {failure.error}")
-            self.skipped_files += 1
-            log.warning("skipping unreadable image %s: %s", failure.path, failure.error)
+            if failure.path not in self.skipped:
+                self.skipped.add(failure.path)
+                log.warning("skipping unreadable image %s: %s", failure.path, failure.error)
 
     def _batches(self, pipeline: Pipeline[DecodedBatch], epoch: int) -> Iterator[DecodedBatch]:
         timeout = self.options.timeout_s
@@ -478,7 +479,7 @@ class SpdlLoader(Loader):
 
     def stats(self) -> dict[str, Any]:
         return {
-            "skipped_files": self.skipped_files,
+            "skipped_files": len(self.skipped),
             "spdl_decoder": self.options.decoder,
             "spdl_decode_threads": self.decode_threads,
             **self.recorder.summary(),

@@ -45,8 +45,10 @@ class ImageFileDataset(Dataset):
     def __len__(self) -> int:
         return len(self.split)
 
-    def __getitem__(self, key: int | tuple[int, int]) -> tuple[torch.Tensor | None, int]:
-        """(image, label), or (None, index) for an unreadable file when skipping.
+    def __getitem__(
+        self, key: int | tuple[int, int]
+    ) -> tuple[torch.Tensor, int] | tuple[None, tuple[int, str]]:
+        """(image, label), or (None, (index, error)) for an unreadable file when skipping.
 
         ``key`` is an index, or (index, seed): the seed fixes this sample's random crop and
         flip, so augmentation depends on (seed, epoch, image) and not on which worker process
@@ -61,17 +63,17 @@ class ImageFileDataset(Dataset):
         except Exception as error:
             if not self.skip_errors:
                 raise OSError(f"cannot read image {path}: {error}") from error
-            log.warning("skipping unreadable image %s: %s", path, error)
-            return None, index
+            # Logged by the main process, once per file (a worker would repeat it each epoch).
+            return None, (index, f"{type(error).__name__}: {error}")
         return self.transform(image), self.split.labels[index]
 
 
 def collate_skipping(
-    items: Sequence[tuple[torch.Tensor | None, int]],
-) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
-    """Stack the readable items; the indices of unreadable ones travel with the batch."""
+    items: Sequence[tuple[torch.Tensor, int] | tuple[None, tuple[int, str]]],
+) -> tuple[torch.Tensor, torch.Tensor, list[tuple[int, str]]]:
+    """Stack the readable items; (index, error) of unreadable ones travel with the batch."""
     good = [(image, label) for image, label in items if image is not None]
-    failed = [index for image, index in items if image is None]
+    failed = [failure for image, failure in items if image is None]
     if not good:
         return torch.empty(0, dtype=torch.uint8), torch.empty(0, dtype=torch.int64), failed
     images = torch.stack([image for image, _ in good])
@@ -139,7 +141,7 @@ class TorchvisionLoader(Loader):
         non_blocking = self.spec.use_pinned_memory
         try:
             for images, labels, failed in self.dataloader:
-                self.skipped.update(failed)
+                self._account(failed)
                 if len(labels):
                     yield to_device(Batch(images, labels), self.spec.device, non_blocking)
         except RuntimeError as error:
@@ -150,6 +152,12 @@ class TorchvisionLoader(Loader):
                 f"torchvision loader: {dead} in epoch {self.epoch} ({error}); out of memory "
                 f"(see `dmesg`), or a crash in an image codec?"
             ) from error
+
+    def _account(self, failed: list[tuple[int, str]]) -> None:
+        for index, error in failed:
+            if index not in self.skipped:
+                self.skipped.add(index)
+                log.warning("skipping unreadable image %s: %s", self.spec.split.paths[index], error)
 
     def _dead_workers(self) -> str:
         """'worker pid N killed by SIGKILL, ...' for worker processes that died, else ''."""
