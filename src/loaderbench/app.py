@@ -6,8 +6,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import signal
-import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -40,6 +38,7 @@ from loaderbench.runtime import (
     seed_everything,
     synchronizer,
 )
+from loaderbench.stopping import raise_if_stop_requested, stop_signals_as_interrupt
 from loaderbench.sweeps import job_name, sweep_group, swept_keys
 from loaderbench.tracking import NullLogger, RunLogger, build_logger
 from loaderbench.validation import validate_config
@@ -140,27 +139,9 @@ def write_metrics(run_dir: Path, metrics: dict[str, Any]) -> None:
 
 
 @contextmanager
-def sigterm_as_interrupt() -> Iterator[None]:
-    """SIGTERM (a scheduler's stop, ``kill``) unwinds like Ctrl-C: workers and threads are
-    stopped and the partial metrics written, instead of the process vanishing mid-write."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def interrupt(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt(f"stopped by signal {signum}")
-
-    previous = signal.signal(signal.SIGTERM, interrupt)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
-@contextmanager
 def open_run(cfg: DictConfig, task: str) -> Iterator[Run]:
     """Set up a job; whatever happens inside, metrics.json is written and W&B finished."""
-    with sigterm_as_interrupt():
+    with stop_signals_as_interrupt():
         yield from _open_run(cfg, task)
 
 
@@ -209,6 +190,7 @@ def _open_run(cfg: DictConfig, task: str) -> Iterator[Run]:
             cfg, task, run_dir, device, precision, dataset, logger, monitor, started, metrics, info
         )
         yield run
+        raise_if_stop_requested()  # a signal whose KeyboardInterrupt Python swallowed
         monitor.sample()
         peak, skipped = distributed.all_reduce(
             [float(monitor.peak_rss_bytes), float(metrics.get("skipped_files", 0))]

@@ -62,6 +62,7 @@ from tqdm import tqdm
 from loaderbench.data import Split
 from loaderbench.images import load_rgb, max_pixels, open_checked, to_rgb
 from loaderbench.locking import FileLock, atomic_write_text
+from loaderbench.stopping import raise_if_stop_requested
 from loaderbench.transforms import pil_val_transform
 
 log = logging.getLogger(__name__)
@@ -410,6 +411,7 @@ def build_cache(
         file=sys.stderr,
     ) as bar:
         for start, sizes, errors in loader:
+            raise_if_stop_requested()
             heights[start : start + len(sizes)] = sizes[:, 0]
             widths[start : start + len(sizes)] = sizes[:, 1]
             for index, message in errors:

@@ -27,6 +27,8 @@ from typing import Any
 
 import psutil
 
+from loaderbench.stopping import raise_if_stop_requested
+
 Sync = Callable[[], None]
 
 
@@ -52,6 +54,7 @@ class LoopMeter:
         iterator = iter(loader)
         count = 0
         while max_batches is None or count < max_batches:
+            raise_if_stop_requested()
             start = clock()
             try:
                 batch = next(iterator)
