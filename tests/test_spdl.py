@@ -15,7 +15,7 @@ from PIL import Image
 from loaderbench import decoders
 from loaderbench.config import DatasetConfig
 from loaderbench.data import DatasetIndex, Split, discover
-from loaderbench.decoders import Geometry, apply_plan, ffmpeg_filter, train_plan, val_plan
+from loaderbench.decoders import Geometry, apply_plan, ffmpeg_filter, train_plans, val_plan
 from loaderbench.loaders import LoaderSpec, build_loader
 from loaderbench.loaders.base import epoch_permutation, shard_indices
 from loaderbench.loaders.spdl_loader import SpdlLoader, epoch_samples
@@ -212,21 +212,24 @@ def test_val_geometry_is_resize_short_side_then_centre_crop() -> None:
     assert "pad" not in text and text.endswith("format=pix_fmts=rgb24")
 
 
-def test_train_crop_is_a_seeded_rrc_box_of_the_true_size() -> None:
-    plans = [train_plan(375, 500, 64, seed) for seed in range(200)]
-    assert plans[3] == train_plan(375, 500, 64, 3)  # reproducible per image seed
-    for plan in plans:
+def test_train_crops_are_seeded_rrc_boxes_of_the_true_sizes() -> None:
+    sizes = [(375, 500), (500, 333), (90, 120)] * 70
+    plans = train_plans(sizes, 64, seed=11)
+    assert plans == train_plans(sizes, 64, seed=11)  # reproducible per batch seed
+    assert plans != train_plans(sizes, 64, seed=12)
+    for (height, width), plan in zip(sizes, plans, strict=True):
         top, left, h, w = plan.box
-        assert 0 <= top and 0 <= left and top + h <= 375 and left + w <= 500
-        assert 0.08 * 375 * 500 * 0.9 <= h * w <= 375 * 500 and plan.resize == (64, 64)
+        assert 0 <= top and 0 <= left and top + h <= height and left + w <= width
+        assert 0.08 * height * width * 0.9 <= h * w <= height * width and plan.resize == (64, 64)
+    assert len({plan.box for plan in plans}) > 150  # drawn per image, not once per batch
     flips = sum(plan.flip for plan in plans)
-    assert 60 < flips < 140
+    assert 60 < flips < 150
     image = torch.arange(3 * 375 * 500, dtype=torch.int64).reshape(3, 375, 500).to(torch.uint8)
     assert apply_plan(image, plans[0]).shape == (3, 64, 64)
-    assert Geometry(64, train=True).plan(375, 500, 7) == train_plan(375, 500, 64, 7)
+    assert Geometry(64, train=True).plans(sizes, 7) == train_plans(sizes, 64, 7)
     # augment.scale / augment.ratio reach the sampler: the whole 4:3 image, only.
     whole = Geometry(64, train=True, scale=(1.0, 1.0), ratio=(4 / 3, 4 / 3))
-    assert {whole.plan(375, 500, seed).box for seed in range(5)} == {(0, 0, 375, 500)}
+    assert {plan.box for plan in whole.plans([(375, 500)] * 5, 3)} == {(0, 0, 375, 500)}
 
 
 @pytest.mark.parametrize("decoder", CPU_DECODERS)

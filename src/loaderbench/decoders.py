@@ -37,8 +37,9 @@ Geometry, the same for every decoder and equal to the torchvision reference:
   in that stage anyway, so the crop costs nothing extra and the resize shrinks only the box,
   not the whole image: one resize instead of two, no float round trip, and a small box is
   taken from full-resolution pixels (as torchvision's RandomResizedCrop does) rather than
-  upsampled from an already shrunken image. Each image's box and flip come from its own
-  generator seeded by (seed, epoch, index), so a run is reproducible whatever the thread timing.
+  upsampled from an already shrunken image. The sizes come from the JPEG headers before any
+  decoding, so a batch's boxes and flips are drawn in one call, from a generator seeded by its
+  first image's (seed, epoch, index): reproducible whatever the thread timing.
 """
 
 from __future__ import annotations
@@ -52,12 +53,12 @@ import threading
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import ClassVar, NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
 import torch
 import torch.nn.functional as F
 
-from loaderbench.images import ImageTooLarge, check_size, jpeg_size, load_rgb
+from loaderbench.images import check_size, jpeg_size, load_rgb
 from loaderbench.transforms import (
     RRC_RATIO,
     RRC_SCALE,
@@ -108,11 +109,15 @@ class Decoded(NamedTuple):
     label: int
 
 
-class Encoded(NamedTuple):
-    """File bytes read by a pool thread, to be decoded on the GPU (nvjpeg)."""
+class Opened(NamedTuple):
+    """A file read, its image size known, not yet (necessarily) decoded."""
 
-    data: torch.Tensor  # uint8, the file's bytes
     sample: Sample
+    height: int
+    width: int
+    # The decoder's own: the file's bytes (uint8, 1-D), demuxed packets, or an image already
+    # decoded (uint8 CHW) because its size could not be known otherwise.
+    payload: Any
 
 
 class Failure(NamedTuple):
@@ -158,22 +163,30 @@ def val_plan(height: int, width: int, size: int) -> Plan:
     return Plan(box=(0, 0, height, width), resize=(new_h, new_w), crop=(top, left, size, size))
 
 
-def train_plan(
-    height: int,
-    width: int,
+def train_plans(
+    sizes: Sequence[tuple[int, int]],
     size: int,
     seed: int,
     scale: tuple[float, float] = RRC_SCALE,
     ratio: tuple[float, float] = RRC_RATIO,
-) -> Plan:
-    """A random-resized crop box and flip from the shared sampler, seeded per image."""
+) -> list[Plan]:
+    """Random-resized crop boxes and flips for images of (height, width), from the shared
+    sampler, drawn for all of them at once from one generator seeded by ``seed``.
+
+    At once because the sampler is a dozen small tensor operations: per image they cost ~0.8
+    ms, a third of a 224 px decode (measured); per batch of 32, a few microseconds an image.
+    """
+    if not sizes:
+        return []
     generator = torch.Generator().manual_seed(seed)
-    box = sample_rrc_boxes(
-        torch.tensor([height]), torch.tensor([width]), generator, scale=scale, ratio=ratio
-    )[0]
-    flip = bool(sample_flips(1, generator)[0])
-    top, left, h, w = (int(v) for v in box.tolist())
-    return Plan(box=(top, left, h, w), resize=(size, size), flip=flip)
+    heights = torch.tensor([h for h, _ in sizes])
+    widths = torch.tensor([w for _, w in sizes])
+    boxes = sample_rrc_boxes(heights, widths, generator, scale=scale, ratio=ratio).tolist()
+    flips = sample_flips(len(sizes), generator).tolist()
+    return [
+        Plan(box=(top, left, h, w), resize=(size, size), flip=flip)
+        for (top, left, h, w), flip in zip(boxes, flips, strict=True)
+    ]
 
 
 @dataclass(frozen=True)
@@ -185,10 +198,14 @@ class Geometry:
     scale: tuple[float, float] = RRC_SCALE
     ratio: tuple[float, float] = RRC_RATIO
 
-    def plan(self, height: int, width: int, seed: int) -> Plan:
+    def plans(self, sizes: Sequence[tuple[int, int]], seed: int) -> list[Plan]:
+        """One plan per image of (height, width); ``seed`` draws a batch's random crops."""
         if self.train:
-            return train_plan(height, width, self.size, seed, self.scale, self.ratio)
-        return val_plan(height, width, self.size)
+            return train_plans(sizes, self.size, seed, self.scale, self.ratio)
+        return [val_plan(height, width, self.size) for height, width in sizes]
+
+    def plan(self, height: int, width: int, seed: int) -> Plan:
+        return self.plans([(height, width)], seed)[0]
 
 
 def image_seed(seed: int, epoch: int, index: int) -> int:
@@ -309,22 +326,32 @@ def decode_generic(path: str) -> torch.Tensor:
     return pil_to_tensor(load_rgb(path))
 
 
-def decode_cpu(data: torch.Tensor, path: str) -> torch.Tensor:
-    """libjpeg-turbo for JPEG (size checked from its header first), the generic decoder for
-    anything else: uint8 RGB CHW, EXIF orientation not applied (see ``loaderbench.images``)."""
+def decode_jpeg_cpu(data: torch.Tensor) -> torch.Tensor:
+    """libjpeg-turbo, uint8 RGB CHW, EXIF orientation not applied (``loaderbench.images``)."""
     from torchvision.io import ImageReadMode, decode_jpeg
 
-    if is_jpeg(data):
-        check_jpeg_size(data, path)
-        return decode_jpeg(data, mode=ImageReadMode.RGB)
-    return decode_generic(path)
+    return decode_jpeg(data, mode=ImageReadMode.RGB)
 
 
-def check_jpeg_size(data: torch.Tensor, path: str) -> None:
-    """``ImageTooLarge`` before decoding a JPEG whose frame header is over the pixel limit."""
+def open_file(sample: Sample) -> Opened:
+    """Read a file and learn its image size: from a JPEG's frame header without decoding (and
+    refused there if over the pixel limit), else by decoding it (non-JPEG files, through PIL;
+    a JPEG whose header gives no size). Raises for an unreadable file."""
+    data = read_bytes(sample.path)
+    if not is_jpeg(data):
+        image = decode_generic(sample.path)
+        return Opened(sample, image.shape[-2], image.shape[-1], image)
     size = jpeg_size(memoryview(data[:JPEG_HEADER_SCAN].numpy()))  # no copy
-    if size is not None:
-        check_size(*size, path)
+    if size is None or 0 in size:  # no frame header found, or a height defined later (DNL)
+        image = decode_jpeg_cpu(data)
+        check_size(image.shape[-1], image.shape[-2], sample.path)
+        return Opened(sample, image.shape[-2], image.shape[-1], image)
+    check_size(*size, sample.path)
+    return Opened(sample, size[1], size[0], data)
+
+
+def is_encoded(opened: Opened) -> bool:
+    return isinstance(opened.payload, torch.Tensor) and opened.payload.dim() == 1
 
 
 def _first_line(error: BaseException) -> str:
@@ -339,10 +366,13 @@ def _first_line(error: BaseException) -> str:
 class ImageDecoder(abc.ABC):
     """Decodes one batch of samples per call; the pipeline runs num_workers calls at once.
 
-    A call decodes its images one after the other into one (pinned) batch tensor. Decoding a
-    batch per pipeline task rather than an image per task matters: SPDL's per-task dispatch
-    (an asyncio task, a hand-off to the thread pool and back, stats hooks) costs about as much
-    CPU as a third of a JPEG decode, measured here; per batch it vanishes.
+    A call opens every file of the batch first (read, size from the header), draws the batch's
+    plans at once (``Geometry.plans``), then decodes the images one after the other into one
+    (pinned) batch tensor. A batch per pipeline task rather than an image per task matters:
+    SPDL's per-task dispatch costs about as much CPU as a third of a JPEG decode (measured
+    here); per batch it vanishes. The batch's random crops come from a generator seeded by its
+    first image's (seed, epoch, index): batches are fixed by the epoch order, so a run is
+    reproducible whatever the thread timing.
     """
 
     name: ClassVar[str]
@@ -352,26 +382,55 @@ class ImageDecoder(abc.ABC):
         self.device = device
 
     @abc.abstractmethod
-    def load(self, sample: Sample) -> Decoded | Failure:
-        """One image; never raises for a bad file: returns a ``Failure`` naming it."""
+    def open(self, sample: Sample) -> Opened:
+        """Read the file and learn its image size, decoding as little as possible; raises for
+        a file that cannot be used."""
+
+    @abc.abstractmethod
+    def finish(self, opened: Opened, plan: Plan) -> torch.Tensor:
+        """Decode (if not yet) and execute the plan: uint8 CHW at the output size; raises for a
+        file that cannot be decoded."""
+
+    def open_batch(
+        self, samples: Sequence[Sample]
+    ) -> tuple[list[Opened], list[Plan], list[Failure]]:
+        """Every file opened (or a ``Failure`` naming it) and the plans of the opened ones."""
+        opened: list[Opened] = []
+        failures: list[Failure] = []
+        for sample in samples:
+            try:
+                opened.append(self.open(sample))
+            except Exception as error:
+                failures.append(Failure(sample.path, _first_line(error)))
+        seed = samples[0].seed if samples else 0
+        plans = self.geometry.plans([(o.height, o.width) for o in opened], seed)
+        return opened, plans, failures
 
     def decode_batch(self, samples: Sequence[Sample], pin: bool) -> DecodedBatch:
         """Decode into one contiguous uint8 NCHW tensor (in pinned memory when ``pin``)."""
+        opened, plans, failures = self.open_batch(samples)
         size = self.geometry.size
-        images = torch.empty((len(samples), 3, size, size), dtype=torch.uint8, pin_memory=pin)
+        images = torch.empty((len(opened), 3, size, size), dtype=torch.uint8, pin_memory=pin)
         labels: list[int] = []
-        failures: list[Failure] = []
-        for sample in samples:
-            item = self.load(sample)
-            if isinstance(item, Failure):
-                failures.append(item)
+        for item, plan in zip(opened, plans, strict=True):
+            try:
+                image = self.finish(item, plan)
+            except Exception as error:
+                failures.append(Failure(item.sample.path, _first_line(error)))
                 continue
-            images[len(labels)].copy_(item.image)
-            labels.append(item.label)
+            images[len(labels)].copy_(image)
+            labels.append(item.sample.label)
         label_tensor = torch.tensor(labels, dtype=torch.int64)
         if pin:
             label_tensor = label_tensor.pin_memory()
         return DecodedBatch(images[: len(labels)], label_tensor, failures)
+
+    def load(self, sample: Sample) -> Decoded | Failure:
+        """One image (a batch of one); never raises for a bad file: returns a ``Failure``."""
+        batch = self.decode_batch([sample], pin=False)
+        if batch.failures:
+            return batch.failures[0]
+        return Decoded(batch.images[0], int(batch.labels[0]))
 
 
 class TurboDecoder(ImageDecoder):
@@ -379,13 +438,12 @@ class TurboDecoder(ImageDecoder):
 
     name = "turbo"
 
-    def load(self, sample: Sample) -> Decoded | Failure:
-        try:
-            image = decode_cpu(read_bytes(sample.path), sample.path)
-            plan = self.geometry.plan(image.shape[-2], image.shape[-1], sample.seed)
-            return Decoded(apply_plan(image, plan), sample.label)
-        except Exception as error:
-            return Failure(sample.path, _first_line(error))
+    def open(self, sample: Sample) -> Opened:
+        return open_file(sample)
+
+    def finish(self, opened: Opened, plan: Plan) -> torch.Tensor:
+        image = decode_jpeg_cpu(opened.payload) if is_encoded(opened) else opened.payload
+        return apply_plan(image, plan)
 
 
 class FFmpegDecoder(ImageDecoder):
@@ -400,15 +458,29 @@ class FFmpegDecoder(ImageDecoder):
         self._spdl_io = spdl.io
         self._decode_config = spdl.io.decode_config(decoder_options=FFMPEG_DECODER_OPTIONS)
 
-    def _decode(self, sample: Sample) -> torch.Tensor:
-        io = self._spdl_io
-        packets = io.demux_image(sample.path)
+    def open(self, sample: Sample) -> Opened:
+        try:
+            packets = self._spdl_io.demux_image(sample.path)
+            if packets.codec.width < 1 or packets.codec.height < 1:
+                raise OSError("no image size in the stream")
+        except Exception as ffmpeg_error:
+            # Not something FFmpeg reads: the generic decoder, before giving up.
+            try:
+                image = decode_generic(sample.path)
+            except Exception as error:
+                raise OSError(
+                    f"FFmpeg: {_first_line(ffmpeg_error)}; fallback: {_first_line(error)}"
+                ) from error
+            return Opened(sample, image.shape[-2], image.shape[-1], image)
         codec = packets.codec
         check_size(codec.width, codec.height, sample.path)
-        plan = self.geometry.plan(codec.height, codec.width, sample.seed)
+        return Opened(sample, codec.height, codec.width, packets)
+
+    def _decode(self, opened: Opened, plan: Plan) -> torch.Tensor:
+        io = self._spdl_io
         frames = io.decode_packets(
-            packets,
-            filter_desc=ffmpeg_filter(plan, codec.height, codec.width),
+            opened.payload,
+            filter_desc=ffmpeg_filter(plan, opened.height, opened.width),
             decode_config=self._decode_config,
         )
         try:
@@ -417,27 +489,24 @@ class FFmpegDecoder(ImageDecoder):
             raise OSError(f"FFmpeg decoded no frame ({_first_line(error)})") from error
         return hwc.reshape(hwc.shape[-3:]).permute(2, 0, 1)
 
-    def load(self, sample: Sample) -> Decoded | Failure:
+    def finish(self, opened: Opened, plan: Plan) -> torch.Tensor:
+        if isinstance(opened.payload, torch.Tensor):  # decoded by the fallback already
+            return apply_plan(opened.payload, plan)
         try:
-            return Decoded(self._decode(sample), sample.label)
-        except ImageTooLarge as error:
-            return Failure(sample.path, _first_line(error))
+            return self._decode(opened, plan)
         except Exception as ffmpeg_error:
-            # Not something FFmpeg reads: try the generic decoder before giving up.
             try:
-                image = decode_generic(sample.path)
+                image = decode_generic(opened.sample.path)
             except Exception as error:
-                return Failure(
-                    sample.path,
-                    f"FFmpeg: {_first_line(ffmpeg_error)}; fallback: {_first_line(error)}",
-                )
-            plan = self.geometry.plan(image.shape[-2], image.shape[-1], sample.seed)
-            return Decoded(apply_plan(image, plan), sample.label)
+                raise OSError(
+                    f"FFmpeg: {_first_line(ffmpeg_error)}; fallback: {_first_line(error)}"
+                ) from error
+            return apply_plan(image, plan)
 
 
 class NvjpegDecoder(ImageDecoder):
-    """The pool thread reads a batch's bytes; the GPU decodes it with nvJPEG in one call, then
-    crops and resizes each image and stacks the batch on the GPU.
+    """The pool thread reads a batch's files; the GPU decodes its JPEGs with nvJPEG in one call,
+    then crops and resizes each image and stacks the batch on the GPU.
 
     Each pool thread works on its own CUDA stream and waits for it before handing the batch on,
     so the batch is complete; the consumer records its own stream on the tensors (see the
@@ -451,24 +520,17 @@ class NvjpegDecoder(ImageDecoder):
         super().__init__(geometry, device)
         self._local = threading.local()
 
-    def read(self, sample: Sample) -> Encoded | Decoded | Failure:
-        try:
-            data = read_bytes(sample.path)
-            if is_jpeg(data):
-                check_jpeg_size(data, sample.path)
-                return Encoded(data, sample)
-            image = decode_generic(sample.path)  # rare: decode on the CPU
-            plan = self.geometry.plan(image.shape[-2], image.shape[-1], sample.seed)
-            return Decoded(apply_plan(image, plan), sample.label)
-        except Exception as error:
-            return Failure(sample.path, _first_line(error))
+    def open(self, sample: Sample) -> Opened:
+        return open_file(sample)
 
-    def load(self, sample: Sample) -> Decoded | Failure:
-        """One image (decoded on the GPU); ``decode_batch`` is the fast path."""
-        batch = self.decode_batch([sample], pin=False)
-        if batch.failures:
-            return batch.failures[0]
-        return Decoded(batch.images[0], int(batch.labels[0]))
+    def finish(self, opened: Opened, plan: Plan) -> torch.Tensor:
+        """One image; ``decode_batch`` is the fast path (all JPEGs of a batch in one call)."""
+        image = opened.payload
+        if is_encoded(opened):
+            image = self._decode_gpu([image])[0]
+            if isinstance(image, BaseException):
+                raise image
+        return apply_plan(image.to(self.device), plan)
 
     def _stream(self) -> torch.cuda.Stream | None:
         """This thread's CUDA stream (None off the GPU: the tests run this logic on the CPU)."""
@@ -478,11 +540,10 @@ class NvjpegDecoder(ImageDecoder):
             self._local.stream = torch.cuda.Stream(self.device)
         return self._local.stream
 
-    def _decode_gpu(self, encoded: list[Encoded]) -> list[torch.Tensor | BaseException]:
+    def _decode_gpu(self, datas: list[torch.Tensor]) -> list[torch.Tensor | BaseException]:
         """Decode the JPEGs at once; if that fails, one by one to find the bad files."""
         from torchvision.io import ImageReadMode, decode_jpeg
 
-        datas = [item.data for item in encoded]
         try:
             return list(decode_jpeg(datas, mode=ImageReadMode.RGB, device=self.device))
         except RuntimeError:
@@ -495,26 +556,24 @@ class NvjpegDecoder(ImageDecoder):
             return results
 
     def decode_batch(self, samples: Sequence[Sample], pin: bool) -> DecodedBatch:
+        opened, plans, failures = self.open_batch(samples)
         size = self.geometry.size
-        items = [self.read(sample) for sample in samples]
-        failures = [item for item in items if isinstance(item, Failure)]
-        encoded = [item for item in items if isinstance(item, Encoded)]
+        encoded = [(o, p) for o, p in zip(opened, plans, strict=True) if is_encoded(o)]
+        on_cpu = [(o, p) for o, p in zip(opened, plans, strict=True) if not is_encoded(o)]
         images: list[torch.Tensor] = []
         labels: list[int] = []
         stream = self._stream()
         with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
-            decoded = self._decode_gpu(encoded) if encoded else []
-            for item, image in zip(encoded, decoded, strict=True):
+            decoded = self._decode_gpu([o.payload for o, _ in encoded]) if encoded else []
+            for (item, plan), image in zip(encoded, decoded, strict=True):
                 if isinstance(image, BaseException):
                     failures.append(Failure(item.sample.path, _first_line(image)))
                     continue
-                plan = self.geometry.plan(image.shape[-2], image.shape[-1], item.sample.seed)
                 images.append(apply_plan(image, plan))
                 labels.append(item.sample.label)
-            for item in items:
-                if isinstance(item, Decoded):
-                    images.append(item.image.to(self.device))
-                    labels.append(item.label)
+            for item, plan in on_cpu:
+                images.append(apply_plan(item.payload, plan).to(self.device))
+                labels.append(item.sample.label)
             batch = (
                 torch.stack(images)
                 if images
@@ -566,10 +625,10 @@ __all__ = [
     "DECODERS",
     "Decoded",
     "DecodedBatch",
-    "Encoded",
     "Failure",
     "Geometry",
     "ImageDecoder",
+    "Opened",
     "Plan",
     "Sample",
     "apply_plan",
@@ -577,6 +636,6 @@ __all__ = [
     "ffmpeg_filter",
     "image_seed",
     "register_decoder",
-    "train_plan",
+    "train_plans",
     "val_plan",
 ]
