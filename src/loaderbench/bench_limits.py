@@ -139,10 +139,9 @@ def candidates(image_size: int) -> dict[str, DecodeFn]:
             continue
 
         def decode(path: str, decoder: Any = decoder) -> torch.Tensor:
-            item = decoder.load(Sample(0, path, 0, 0))
-            if not hasattr(item, "image"):
-                raise OSError(f"{decoder.name} cannot decode {path}: {item.error}")
-            return item.image
+            # The decoder's own steps for one image, without a batch around it.
+            opened = decoder.open(Sample(0, path, 0, 0))
+            return decoder.finish(opened, decoder.geometry.plan(opened.height, opened.width, 0))
 
         fns[decoder_class.name] = decode
     return fns
