@@ -92,3 +92,9 @@ def test_validation_names_the_key(override: str, key: str) -> None:
     cfg = compose_cfg("train", [override])
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
         validate_config(cfg)
+
+
+def test_an_unknown_decoder_is_refused_naming_the_choices() -> None:
+    cfg = compose_cfg("train", ["loader=spdl", "loader.decoder=nvdec"])
+    with pytest.raises(ConfigError, match=r"loader\.decoder must be one of .*'ffmpeg'.*'nvdec'"):
+        validate_config(cfg)

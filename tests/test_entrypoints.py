@@ -168,6 +168,26 @@ def test_bad_override_fails_fast_naming_the_key(tmp_path: Path) -> None:
     assert metrics["status"] == "failed" and "loader.num_workers" in metrics["error"]
 
 
+def test_a_batch_larger_than_the_train_set_fails_before_any_heavy_work(
+    tiny_root: Path, tmp_path: Path
+) -> None:
+    proc = run_entry(
+        "train.py",
+        f"dataset.root={tiny_root}",
+        "loader=memmap",
+        f"loader.cache_dir={tmp_path / 'cache'}",
+        "loader.batch_size=25",  # 24 train images; training drops the last partial batch
+        "logger=none",
+        cwd=tmp_path,
+        check=False,
+    )
+    assert proc.returncode != 0
+    assert "loader.batch_size=25 is larger than the train set (24 images)" in proc.stderr
+    assert not (tmp_path / "cache").exists()  # no cache was built first
+    _, metrics = single_run(tmp_path, "train")
+    assert metrics["status"] == "failed"
+
+
 def test_wandb_online_without_key_goes_offline(tiny_root: Path, tmp_path: Path) -> None:
     env = {
         "WANDB_MODE": "online",

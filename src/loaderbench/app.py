@@ -41,7 +41,7 @@ from loaderbench.runtime import (
 from loaderbench.stopping import raise_if_stop_requested, stop_signals_as_interrupt
 from loaderbench.sweeps import job_name, sweep_group, swept_keys
 from loaderbench.tracking import NullLogger, RunLogger, build_logger
-from loaderbench.validation import validate_config
+from loaderbench.validation import validate_against_dataset, validate_config
 
 log = logging.getLogger(__name__)
 
@@ -165,6 +165,7 @@ def _open_run(cfg: DictConfig, task: str) -> Iterator[Run]:
         # Before any loader forks a worker, so every worker process inherits the limit.
         set_max_pixels(cfg.dataset.max_image_pixels)
         dataset = discover(cfg.dataset)
+        validate_against_dataset(cfg, len(dataset.train), task, info.world_size)
         metrics.update(
             num_classes=dataset.num_classes,
             train_size=len(dataset.train),
@@ -350,11 +351,6 @@ def _fit(run: Run, model: nn.Module, train_loader: Loader) -> None:
         if cfg.bench.max_batches is None
         else min(len(train_loader), cfg.bench.max_batches)
     )
-    if steps_per_epoch == 0:
-        raise ValueError(
-            f"loader.batch_size={cfg.loader.batch_size} is larger than the train set "
-            f"({len(run.dataset.train)} images) and training drops the last partial batch"
-        )
     optimizer = build_optimizer(cfg.optim, model)
     scheduler = build_scheduler(cfg.scheduler, optimizer, steps_per_epoch, cfg.epochs)
     train_model, eval_model = _parallel_models(run, model)

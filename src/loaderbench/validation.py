@@ -68,6 +68,29 @@ def validate_config(cfg: DictConfig) -> None:
             cfg.dataset.on_error,
         ),
     ]
+    if loader == "spdl":
+        from loaderbench.decoders import DECODERS
+
+        checks.append(
+            (
+                cfg.loader.decoder in DECODERS,
+                f"loader.decoder must be one of {sorted(DECODERS)}",
+                cfg.loader.decoder,
+            )
+        )
     for ok, message, value in checks:
         if not ok:
             raise ConfigError(f"{message}, got {value!r}")
+
+
+def validate_against_dataset(cfg: DictConfig, train_images: int, task: str, ranks: int) -> None:
+    """Checks that need the dataset's size, made right after discovery (before a cache build
+    or a model): training drops the last partial batch, so a batch larger than a rank's share
+    of the train set would make every epoch empty."""
+    if task == "train" and cfg.loader.batch_size > train_images // ranks:
+        raise ConfigError(
+            f"loader.batch_size={cfg.loader.batch_size} is larger than the train set "
+            f"({train_images} images"
+            + (f" over {ranks} ranks" if ranks > 1 else "")
+            + ") and training drops the last partial batch; lower loader.batch_size"
+        )
