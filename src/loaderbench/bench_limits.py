@@ -274,22 +274,16 @@ def run_label(metrics_path: Path, metrics: dict[str, Any]) -> str:
     return label
 
 
-def spread(paths: Sequence[str], count: int | None) -> list[str]:
-    """At most ``count`` of ``paths``, taken evenly (so every class of a sorted list is in)."""
-    if count is None or count >= len(paths):
-        return list(paths)
-    step = len(paths) / count
-    return [paths[int(i * step)] for i in range(count)]
-
-
 def _default_paths(root: Path | None, split: str, count: int | None) -> list[str]:
-    from loaderbench.data import scan_image_folder
+    from loaderbench.data import scan_image_folder, spread_indices
     from loaderbench.synthetic import SyntheticSpec, ensure_synthetic
 
     if root is None:
         root = ensure_synthetic(SyntheticSpec(), Path("data"))
     _, paths, _ = scan_image_folder(root / split)
-    return spread(paths, count)
+    if count is None or count >= len(paths):
+        return paths
+    return [paths[i] for i in spread_indices(len(paths), count)]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

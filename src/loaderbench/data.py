@@ -127,14 +127,19 @@ def read_file_list(list_file: Path, root: Path) -> tuple[list[str], list[str]]:
     return paths, wnids
 
 
+def spread_indices(n: int, count: int) -> list[int]:
+    """``count`` indices of ``range(n)`` spread evenly (a sorted split keeps every class)."""
+    step = n / count
+    return [int(i * step) for i in range(count)]
+
+
 def _limit(split: Split, limit: int | None) -> Split:
     """At most ``limit`` images, spread evenly over the split (so every class keeps some)."""
     if limit is None or limit >= len(split):
         return split
     if limit < 1:
         raise DatasetError(f"dataset.max_images must be >= 1, got {limit}")
-    step = len(split) / limit
-    keep = [int(i * step) for i in range(limit)]
+    keep = spread_indices(len(split), limit)
     return Split(
         split.name, tuple(split.paths[i] for i in keep), tuple(split.labels[i] for i in keep)
     )

@@ -102,13 +102,6 @@ class Sample(NamedTuple):
     seed: int  # this image's augmentation seed for this epoch (unused for val)
 
 
-class Decoded(NamedTuple):
-    """A uint8 CHW image at the output size (any memory layout)."""
-
-    image: torch.Tensor
-    label: int
-
-
 class Opened(NamedTuple):
     """A file read, its image size known, not yet (necessarily) decoded."""
 
@@ -425,13 +418,6 @@ class ImageDecoder(abc.ABC):
             label_tensor = label_tensor.pin_memory()
         return DecodedBatch(images[: len(labels)], label_tensor, failures)
 
-    def load(self, sample: Sample) -> Decoded | Failure:
-        """One image (a batch of one); never raises for a bad file: returns a ``Failure``."""
-        batch = self.decode_batch([sample], pin=False)
-        if batch.failures:
-            return batch.failures[0]
-        return Decoded(batch.images[0], int(batch.labels[0]))
-
 
 class TurboDecoder(ImageDecoder):
     """libjpeg-turbo (torchvision.io.decode_jpeg) + uint8 antialiased resize, on the CPU."""
@@ -623,7 +609,6 @@ def build_decoder(name: str, geometry: Geometry, device: torch.device) -> ImageD
 
 __all__ = [
     "DECODERS",
-    "Decoded",
     "DecodedBatch",
     "Failure",
     "Geometry",
