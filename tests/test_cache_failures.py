@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from loaderbench.memmap_cache import META_FILE, StorePolicy, cache_name, ensure_cache
-from loaderbench.transforms import load_rgb, pil_val_transform
+from loaderbench.loaders.memmap.cache import META_FILE, StorePolicy, cache_name, ensure_cache
+from loaderbench.images import load_rgb
+from loaderbench.transforms import pil_val_transform
 from tests.conftest import REPO, folder_index
 
 SIZE = 32
@@ -95,7 +96,7 @@ IN_TMPFS = """
 import json, os, shutil, sys
 from pathlib import Path
 from omegaconf import OmegaConf
-import loaderbench.memmap_cache as mc
+import loaderbench.loaders.memmap.cache as mc
 from loaderbench.config import DatasetConfig
 from loaderbench.data import discover
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from loaderbench.tracking import offline_runs
 from tests.conftest import read_metrics, run_dirs, run_entry, single_run
+from tests.wandb_offline import offline_runs
 
 pytestmark = pytest.mark.slow
 

@@ -78,7 +78,7 @@ def test_loaders_read_file_list_splits(tiny_root: Path, tmp_path: Path, loader_n
 
 
 LOADERS = ["torchvision", "spdl"] + (
-    ["memmap"] if importlib.util.find_spec("loaderbench.loaders.memmap_loader") else []
+    ["memmap"] if importlib.util.find_spec("loaderbench.loaders.memmap.loader") else []
 )
 
 

@@ -24,9 +24,7 @@ from PIL import Image
 from loaderbench.config import DatasetConfig
 from loaderbench.data import DatasetIndex, Split, discover
 from loaderbench.loaders import LoaderSpec, build_loader
-from loaderbench.loaders.memmap_loader import MemmapLoader
-from loaderbench.locking import FileLock
-from loaderbench.memmap_cache import (
+from loaderbench.loaders.memmap.cache import (
     COMPLETE_FILE,
     CacheError,
     ImageCache,
@@ -37,6 +35,8 @@ from loaderbench.memmap_cache import (
     fit_size,
     open_cache,
 )
+from loaderbench.loaders.memmap.loader import MemmapLoader
+from loaderbench.locking import FileLock
 from loaderbench.transforms import (
     load_rgb,
     pil_val_transform,
@@ -96,7 +96,7 @@ def reader_threads() -> list[threading.Thread]:
 
 REOPEN = """
 import hashlib, sys
-from loaderbench.memmap_cache import ImageCache
+from loaderbench.loaders.memmap.cache import ImageCache
 for path in sys.argv[1:]:
     cache = ImageCache.load_memmap(path)
     h = hashlib.sha256()
@@ -276,7 +276,7 @@ KILLED_BUILD = """
 import sys, time
 from pathlib import Path
 from omegaconf import OmegaConf
-import loaderbench.memmap_cache as mc
+import loaderbench.loaders.memmap.cache as mc
 from loaderbench.config import DatasetConfig
 from loaderbench.data import discover
 
@@ -348,7 +348,7 @@ RACING_BUILD = """
 import sys, time
 from pathlib import Path
 from omegaconf import OmegaConf
-import loaderbench.memmap_cache as mc
+import loaderbench.loaders.memmap.cache as mc
 from loaderbench.config import DatasetConfig
 from loaderbench.data import discover
 

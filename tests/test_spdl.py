@@ -15,10 +15,16 @@ from PIL import Image
 from loaderbench import decoders
 from loaderbench.config import DatasetConfig
 from loaderbench.data import DatasetIndex, Split, discover
-from loaderbench.decoders import Geometry, apply_plan, ffmpeg_filter, train_plans, val_plan
 from loaderbench.loaders import LoaderSpec, build_loader
 from loaderbench.loaders.base import epoch_permutation, shard_indices
-from loaderbench.loaders.spdl_loader import SpdlLoader, epoch_samples
+from loaderbench.loaders.spdl.decoders import (
+    Geometry,
+    apply_plan,
+    ffmpeg_filter,
+    train_plans,
+    val_plan,
+)
+from loaderbench.loaders.spdl.loader import SpdlLoader, epoch_samples
 from loaderbench.transforms import load_rgb, pil_val_transform
 from tests.conftest import cpu_spec, run_entry, single_run
 

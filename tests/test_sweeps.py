@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from loaderbench.sweeps import collect_rows, write_summary
-from loaderbench.tracking import offline_runs
 from tests.conftest import run_entry
+from tests.wandb_offline import offline_runs
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

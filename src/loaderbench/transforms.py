@@ -5,20 +5,19 @@ The geometry is fixed once here so that every loader hands the model the same ki
 * val: resize the short side to ``val_resize_size(size)`` (256 for 224), then centre-crop
   ``size`` x ``size``, as in torchvision's ImageNet references;
 * train: a random-resized crop (scale 0.08-1, ratio 3/4-4/3) to ``size`` x ``size`` plus a random
-  horizontal flip.
+  horizontal flip, each image's drawn from its own generator seeded by (seed, epoch, image)
+  (``seeded_crops``), whichever loader, process or thread prepares it.
 
 All outputs are uint8 CHW / NCHW; normalisation happens on the device, in the model wrapper.
 """
 
 from __future__ import annotations
 
-import hashlib
 import math
+from collections.abc import Sequence
 
 import torch
 from torchvision.transforms import v2
-
-from loaderbench.images import load_rgb  # noqa: F401 - the reference pipeline's first step
 
 RRC_SCALE = (0.08, 1.0)
 RRC_RATIO = (3.0 / 4.0, 4.0 / 3.0)
@@ -27,21 +26,6 @@ RRC_RATIO = (3.0 / 4.0, 4.0 / 3.0)
 def val_resize_size(size: int) -> int:
     """Short side before the centre crop: 256 for 224, in proportion otherwise."""
     return (size * 256) // 224
-
-
-def pil_train_transform(
-    size: int,
-    scale: tuple[float, float] = RRC_SCALE,
-    ratio: tuple[float, float] = RRC_RATIO,
-) -> v2.Compose:
-    """The per-image train pipeline of the torchvision loader (PIL in, uint8 CHW out)."""
-    return v2.Compose(
-        [
-            v2.RandomResizedCrop(size, scale=scale, ratio=ratio, antialias=True),
-            v2.RandomHorizontalFlip(),
-            v2.PILToTensor(),
-        ]
-    )
 
 
 def pil_val_transform(size: int) -> v2.Compose:
@@ -64,31 +48,53 @@ def normalize_uint8(images: torch.Tensor, mean: torch.Tensor, std: torch.Tensor)
 # Batched random-resized crop: one box per image, sampled for the whole batch at once.
 
 
-def sample_rrc_boxes(
+# One value per (seed, epoch, image): every loader draws an image's crop and flip from a generator
+# of its own seeded with it, so the boxes do not depend on which worker, thread or batch
+# prepares the image, nor on the rank count, and no loader touches the global RNG (which
+# dropout, the optimizer and checkpoints use).
+DRAWS_PER_ATTEMPT = 2  # area fraction, log aspect ratio
+RRC_ATTEMPTS = 10
+
+
+def augmentation_seed(seed: int, epoch: int, index: int) -> int:
+    """The seed of image ``index``'s augmentation in ``epoch`` of a run seeded with ``seed``."""
+    return ((seed * 1_000_003 + epoch) * 1_000_000_007 + index) % (2**63 - 1)
+
+
+def augmentation_draws(seed: int, epoch: int, indices: Sequence[int]) -> torch.Tensor:
+    """Uniform [0, 1) draws (float64, N x D) for images ``indices``, each row from the image's
+    own generator: everything its random-resized crop and flip need."""
+    width = DRAWS_PER_ATTEMPT * RRC_ATTEMPTS + 3  # + top, left, flip
+    draws = torch.empty((len(indices), width), dtype=torch.float64)
+    generator = torch.Generator()
+    for row, index in enumerate(indices):
+        generator.manual_seed(augmentation_seed(seed, epoch, index))
+        draws[row].uniform_(generator=generator)
+    return draws
+
+
+def random_crops(
     heights: torch.Tensor,
     widths: torch.Tensor,
-    generator: torch.Generator,
+    draws: torch.Tensor,
     scale: tuple[float, float] = RRC_SCALE,
     ratio: tuple[float, float] = RRC_RATIO,
-    attempts: int = 10,
-) -> torch.Tensor:
-    """Boxes ``(top, left, height, width)`` (int64, N x 4), one per image of size (h, w).
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Boxes ``(top, left, height, width)`` (int64, N x 4) and flips (bool, N) for images of
+    size (h, w), from their ``augmentation_draws``; vectorised over the batch.
 
-    The same distribution as torchvision's ``RandomResizedCrop.get_params`` (area fraction
-    uniform in ``scale``, log-aspect uniform in ``ratio``, up to ``attempts`` tries, then the
-    central crop clamped to ``ratio``), vectorised over the batch.
+    The distribution of torchvision's ``RandomResizedCrop.get_params`` (area fraction uniform in
+    ``scale``, log-aspect uniform in ``ratio``, up to ten tries, then the central crop clamped
+    to ``ratio``) and ``RandomHorizontalFlip``.
     """
     heights = heights.to(torch.float64)
     widths = widths.to(torch.float64)
-    n = heights.shape[0]
+    n, attempts = heights.shape[0], RRC_ATTEMPTS
     area = (heights * widths)[:, None]
-    target_area = area * torch.empty(n, attempts, dtype=torch.float64).uniform_(
-        scale[0], scale[1], generator=generator
-    )
-    log_ratio = torch.empty(n, attempts, dtype=torch.float64).uniform_(
-        math.log(ratio[0]), math.log(ratio[1]), generator=generator
-    )
-    aspect = torch.exp(log_ratio)
+    area_draws, ratio_draws = draws[:, :attempts], draws[:, attempts : 2 * attempts]
+    target_area = area * (scale[0] + (scale[1] - scale[0]) * area_draws)
+    low, high = math.log(ratio[0]), math.log(ratio[1])
+    aspect = torch.exp(low + (high - low) * ratio_draws)
     w = torch.round(torch.sqrt(target_area * aspect))
     h = torch.round(torch.sqrt(target_area / aspect))
     ok = (w > 0) & (h > 0) & (w <= widths[:, None]) & (h <= heights[:, None])
@@ -104,21 +110,32 @@ def sample_rrc_boxes(
     fb_h = torch.where(in_ratio < ratio[0], torch.round(widths / ratio[0]), heights)
     rows = torch.arange(n)
     pick = first.clamp(min=0)
-    box_w = torch.where(first >= 0, w[rows, pick], fb_w)
-    box_h = torch.where(first >= 0, h[rows, pick], fb_h)
-    u = torch.rand(n, 2, dtype=torch.float64, generator=generator)
+    found = first >= 0
+    box_w = torch.where(found, w[rows, pick], fb_w)
+    box_h = torch.where(found, h[rows, pick], fb_h)
+    u_top, u_left, u_flip = draws[:, -3], draws[:, -2], draws[:, -1]
     top = torch.where(
-        first >= 0, torch.floor(u[:, 0] * (heights - box_h + 1)), torch.floor((heights - box_h) / 2)
+        found, torch.floor(u_top * (heights - box_h + 1)), torch.floor((heights - box_h) / 2)
     )
     left = torch.where(
-        first >= 0, torch.floor(u[:, 1] * (widths - box_w + 1)), torch.floor((widths - box_w) / 2)
+        found, torch.floor(u_left * (widths - box_w + 1)), torch.floor((widths - box_w) / 2)
     )
-    return torch.stack([top, left, box_h, box_w], dim=1).to(torch.int64)
+    boxes = torch.stack([top, left, box_h, box_w], dim=1).to(torch.int64)
+    return boxes, u_flip < 0.5
 
 
-def sample_flips(n: int, generator: torch.Generator, p: float = 0.5) -> torch.Tensor:
-    """Bool (N,): which images to flip horizontally."""
-    return torch.rand(n, generator=generator) < p
+def seeded_crops(
+    heights: Sequence[int] | torch.Tensor,
+    widths: Sequence[int] | torch.Tensor,
+    seed: int,
+    epoch: int,
+    indices: Sequence[int],
+    scale: tuple[float, float] = RRC_SCALE,
+    ratio: tuple[float, float] = RRC_RATIO,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The crops and flips of images ``indices`` in ``epoch``: what every loader calls."""
+    draws = augmentation_draws(seed, epoch, indices)
+    return random_crops(torch.as_tensor(heights), torch.as_tensor(widths), draws, scale, ratio)
 
 
 def resized_crop_batch(
@@ -199,14 +216,3 @@ def crop_resize_flip_batch(
         return resized_crop_batch_uint8(images, boxes, size, flips, out=out)
     result = resized_crop_batch(images, boxes, size, flips)
     return result if out is None else out.copy_(result)
-
-
-def batch_generator(seed: int, epoch: int, rank: int, batch: int) -> torch.Generator:
-    """A CPU generator for one batch's random augmentation, from (seed, epoch, rank, batch).
-
-    Per batch rather than per loader, so that the boxes and flips do not depend on which thread
-    or process prepares a batch, or in which order: a run is reproducible from its seed.
-    """
-    key = f"{seed}/{epoch}/{rank}/{batch}".encode()
-    digest = hashlib.blake2b(key, digest_size=8).digest()
-    return torch.Generator().manual_seed(int.from_bytes(digest, "little") >> 1)

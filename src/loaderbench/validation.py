@@ -69,7 +69,7 @@ def validate_config(cfg: DictConfig) -> None:
         ),
     ]
     if loader == "spdl":
-        from loaderbench.decoders import DECODERS
+        from loaderbench.loaders.spdl.decoders import DECODERS
 
         checks.append(
             (

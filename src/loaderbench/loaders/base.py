@@ -9,15 +9,17 @@ hand over the same kind of batch and the comparison between them is fair.
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import torch
-from omegaconf import DictConfig
 
 from loaderbench.data import Split
-from loaderbench.transforms import RRC_RATIO, RRC_SCALE
+from loaderbench.loaders.settings import LoaderSettings
+from loaderbench.transforms import RRC_RATIO, RRC_SCALE, seeded_crops
+
+Sizes = Sequence[int] | torch.Tensor
 
 
 class Batch(NamedTuple):
@@ -27,24 +29,39 @@ class Batch(NamedTuple):
 
 @dataclass(frozen=True)
 class LoaderSpec:
-    """What a loader must deliver, independent of how."""
+    """What a loader must deliver, independent of how: the run's part, and the loader's own
+    typed ``settings`` (``loader.*``, already checked)."""
 
     split: Split
     train: bool
     image_size: int
     device: torch.device
+    settings: LoaderSettings
     seed: int = 0
-    batch_size: int = 32
-    num_workers: int = 2
-    prefetch: int = 2
-    pin_memory: bool = True
     # The train pipeline's random-resized crop: area fraction and aspect-ratio ranges.
     rrc_scale: tuple[float, float] = RRC_SCALE
     rrc_ratio: tuple[float, float] = RRC_RATIO
+    # dataset.on_error: skip an unreadable image (counted, named once) or raise, naming it.
+    on_error: str = "skip"
     # Data-parallel sharding: this process reads only its share of every epoch.
     rank: int = 0
     world_size: int = 1
-    options: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def batch_size(self) -> int:
+        return self.settings.batch_size
+
+    @property
+    def num_workers(self) -> int:
+        return self.settings.num_workers
+
+    @property
+    def prefetch(self) -> int:
+        return self.settings.prefetch
+
+    @property
+    def skip_errors(self) -> bool:
+        return self.on_error == "skip"
 
     @property
     def drop_last(self) -> bool:
@@ -52,7 +69,30 @@ class LoaderSpec:
 
     @property
     def use_pinned_memory(self) -> bool:
-        return self.pin_memory and self.device.type == "cuda"
+        return self.settings.pin_memory and self.device.type == "cuda"
+
+    def epoch_order(self, epoch: int) -> torch.Tensor:
+        """This rank's image indices of ``epoch``, in the order every loader shares."""
+        order = epoch_permutation(len(self.split), self.seed, epoch, shuffle=self.train)
+        return shard_indices(order, self.batch_size, self.drop_last, self.rank, self.world_size)
+
+    def epoch_batches(self, epoch: int) -> list[torch.Tensor]:
+        """This rank's batches of image indices for ``epoch``."""
+        mine = self.epoch_order(epoch)
+        return list(torch.split(mine, self.batch_size)) if len(mine) else []
+
+    def random_crops(
+        self, heights: Sizes, widths: Sizes, epoch: int, indices: Sequence[int]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Boxes ``(top, left, h, w)`` and flips of images ``indices``, of these sizes, in
+        ``epoch``: each image's from its own generator (``transforms.seeded_crops``)."""
+        return seeded_crops(
+            heights, widths, self.seed, epoch, indices, self.rrc_scale, self.rrc_ratio
+        )
+
+    def batches_per_epoch(self) -> int:
+        """Batches per epoch on this rank (the same for every epoch)."""
+        return -(-len(self.epoch_order(0)) // self.batch_size)
 
 
 class Loader(abc.ABC):
@@ -65,9 +105,9 @@ class Loader(abc.ABC):
     @abc.abstractmethod
     def __iter__(self) -> Iterator[Batch]: ...
 
-    @abc.abstractmethod
     def __len__(self) -> int:
         """Batches per epoch on this rank."""
+        return self.spec.batches_per_epoch()
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
@@ -122,27 +162,6 @@ def shard_indices(
     return mine[: per_rank // batch_size * batch_size]
 
 
-def shard_batches(
-    order: torch.Tensor, batch_size: int, drop_last: bool, rank: int = 0, world_size: int = 1
-) -> list[torch.Tensor]:
-    """This rank's batches of indices for one epoch."""
-    mine = shard_indices(order, batch_size, drop_last, rank, world_size)
-    return list(torch.split(mine, batch_size)) if len(mine) else []
-
-
-def batches_per_epoch(spec: LoaderSpec) -> int:
-    n = len(
-        shard_indices(
-            torch.arange(len(spec.split)),
-            spec.batch_size,
-            spec.drop_last,
-            spec.rank,
-            spec.world_size,
-        )
-    )
-    return -(-n // spec.batch_size)
-
-
 def to_device(batch: Batch, device: torch.device, non_blocking: bool) -> Batch:
     """Copy a (possibly pinned) CPU batch to the device; asynchronous from pinned memory."""
     if batch.images.device == device:
@@ -150,42 +169,4 @@ def to_device(batch: Batch, device: torch.device, non_blocking: bool) -> Batch:
     return Batch(
         batch.images.to(device, non_blocking=non_blocking),
         batch.labels.to(device, non_blocking=non_blocking),
-    )
-
-
-def _pair(values: Any, key: str) -> tuple[float, float]:
-    low, high = (float(v) for v in values)
-    if not 0 < low <= high:
-        raise ValueError(f"{key} must be two numbers 0 < low <= high, got {list(values)}")
-    return low, high
-
-
-def loader_spec(
-    cfg: DictConfig,
-    split: Split,
-    *,
-    train: bool,
-    device: torch.device,
-    rank: int = 0,
-    world_size: int = 1,
-) -> LoaderSpec:
-    """A LoaderSpec from a run's config (already checked by ``validate_config``); the
-    loader-specific keys travel in ``options``."""
-    shared = {"name", "batch_size", "num_workers", "prefetch", "pin_memory"}
-    loader_cfg = cfg.loader
-    return LoaderSpec(
-        split=split,
-        train=train,
-        image_size=cfg.image_size,
-        device=device,
-        seed=cfg.seed,
-        batch_size=loader_cfg.batch_size,
-        num_workers=loader_cfg.num_workers,
-        prefetch=loader_cfg.prefetch,
-        pin_memory=loader_cfg.pin_memory,
-        rrc_scale=_pair(cfg.augment.scale, "augment.scale"),
-        rrc_ratio=_pair(cfg.augment.ratio, "augment.ratio"),
-        rank=rank,
-        world_size=world_size,
-        options={k: v for k, v in loader_cfg.items() if k not in shared},
     )

@@ -30,16 +30,17 @@ Geometry, the same for every decoder and equal to the torchvision reference:
 * val: resize the short side to ``val_resize_size(size)`` keeping the aspect ratio (the
   rounding of torchvision's ``Resize``), then crop the centre ``size`` x ``size``. SPDL's
   default ``scale_mode="pad"`` letterboxes instead, which is a different image.
-* train: the random-resized crop is done per image, in the decode stage: the box is sampled by
-  ``sample_rrc_boxes`` from the image's true size, cut from the full-resolution image and
-  resized once to ``size`` x ``size`` (then flipped with probability 1/2). Chosen over a
+* train: the random-resized crop is done per image, in the decode stage: the box is drawn by
+  ``seeded_crops`` (every loader's) from the image's true size, cut from the full-resolution
+  image and resized once to ``size`` x ``size`` (then flipped with probability 1/2). Chosen over a
   fixed-size decode followed by the batched ``resized_crop_batch`` because the image is decoded
   in that stage anyway, so the crop costs nothing extra and the resize shrinks only the box,
   not the whole image: one resize instead of two, no float round trip, and a small box is
   taken from full-resolution pixels (as torchvision's RandomResizedCrop does) rather than
   upsampled from an already shrunken image. The sizes come from the JPEG headers before any
-  decoding, so a batch's boxes and flips are drawn in one call, from a generator seeded by its
-  first image's (seed, epoch, index): reproducible whatever the thread timing.
+  decoding, so a batch's boxes and flips are computed in one call, each image's from its own
+  generator seeded by (seed, epoch, index): reproducible whatever the thread timing, and the
+  same boxes as the other loaders draw for the same image.
 """
 
 from __future__ import annotations
@@ -62,8 +63,7 @@ from loaderbench.images import check_size, jpeg_size, load_rgb
 from loaderbench.transforms import (
     RRC_RATIO,
     RRC_SCALE,
-    sample_flips,
-    sample_rrc_boxes,
+    seeded_crops,
     val_resize_size,
 )
 
@@ -99,7 +99,7 @@ class Sample(NamedTuple):
     index: int  # position in the split
     path: str
     label: int
-    seed: int  # this image's augmentation seed for this epoch (unused for val)
+    epoch: int
 
 
 class Opened(NamedTuple):
@@ -156,54 +156,41 @@ def val_plan(height: int, width: int, size: int) -> Plan:
     return Plan(box=(0, 0, height, width), resize=(new_h, new_w), crop=(top, left, size, size))
 
 
-def train_plans(
-    sizes: Sequence[tuple[int, int]],
-    size: int,
-    seed: int,
-    scale: tuple[float, float] = RRC_SCALE,
-    ratio: tuple[float, float] = RRC_RATIO,
-) -> list[Plan]:
-    """Random-resized crop boxes and flips for images of (height, width), from the shared
-    sampler, drawn for all of them at once from one generator seeded by ``seed``.
-
-    At once because the sampler is a dozen small tensor operations: per image they cost ~0.8
-    ms, a third of a 224 px decode (measured); per batch of 32, a few microseconds an image.
-    """
-    if not sizes:
-        return []
-    generator = torch.Generator().manual_seed(seed)
-    heights = torch.tensor([h for h, _ in sizes])
-    widths = torch.tensor([w for _, w in sizes])
-    boxes = sample_rrc_boxes(heights, widths, generator, scale=scale, ratio=ratio).tolist()
-    flips = sample_flips(len(sizes), generator).tolist()
+def train_plans(boxes: torch.Tensor, flips: torch.Tensor, size: int) -> list[Plan]:
+    """Random-resized crop plans from boxes ``(top, left, h, w)`` and flips."""
     return [
         Plan(box=(top, left, h, w), resize=(size, size), flip=flip)
-        for (top, left, h, w), flip in zip(boxes, flips, strict=True)
+        for (top, left, h, w), flip in zip(boxes.tolist(), flips.tolist(), strict=True)
     ]
 
 
 @dataclass(frozen=True)
 class Geometry:
-    """The output size, and for training the random-resized crop's ranges."""
+    """The output size, and for training the run's seed and the random-resized crop's ranges."""
 
     size: int
     train: bool
+    seed: int = 0
     scale: tuple[float, float] = RRC_SCALE
     ratio: tuple[float, float] = RRC_RATIO
 
-    def plans(self, sizes: Sequence[tuple[int, int]], seed: int) -> list[Plan]:
-        """One plan per image of (height, width); ``seed`` draws a batch's random crops."""
-        if self.train:
-            return train_plans(sizes, self.size, seed, self.scale, self.ratio)
-        return [val_plan(height, width, self.size) for height, width in sizes]
-
-    def plan(self, height: int, width: int, seed: int) -> Plan:
-        return self.plans([(height, width)], seed)[0]
-
-
-def image_seed(seed: int, epoch: int, index: int) -> int:
-    """A distinct, reproducible generator seed per (run seed, epoch, image)."""
-    return ((seed * 1_000_003 + epoch) * 1_000_000_007 + index) % (2**63 - 1)
+    def plans(self, opened: Sequence[Opened]) -> list[Plan]:
+        """One plan per opened image; a train image's crop and flip come from its own
+        generator (``seeded_crops`` of the run's seed, the epoch and the image)."""
+        if not self.train:
+            return [val_plan(o.height, o.width, self.size) for o in opened]
+        if not opened:
+            return []
+        boxes, flips = seeded_crops(
+            [o.height for o in opened],
+            [o.width for o in opened],
+            self.seed,
+            opened[0].sample.epoch,
+            [o.sample.index for o in opened],
+            self.scale,
+            self.ratio,
+        )
+        return train_plans(boxes, flips, self.size)
 
 
 def resize_uint8(image: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
@@ -363,9 +350,7 @@ class ImageDecoder(abc.ABC):
     plans at once (``Geometry.plans``), then decodes the images one after the other into one
     (pinned) batch tensor. A batch per pipeline task rather than an image per task matters:
     SPDL's per-task dispatch costs about as much CPU as a third of a JPEG decode (measured
-    here); per batch it vanishes. The batch's random crops come from a generator seeded by its
-    first image's (seed, epoch, index): batches are fixed by the epoch order, so a run is
-    reproducible whatever the thread timing.
+    here); per batch it vanishes.
     """
 
     name: ClassVar[str]
@@ -395,9 +380,7 @@ class ImageDecoder(abc.ABC):
                 opened.append(self.open(sample))
             except Exception as error:
                 failures.append(Failure(sample.path, _first_line(error)))
-        seed = samples[0].seed if samples else 0
-        plans = self.geometry.plans([(o.height, o.width) for o in opened], seed)
-        return opened, plans, failures
+        return opened, self.geometry.plans(opened), failures
 
     def decode_batch(self, samples: Sequence[Sample], pin: bool) -> DecodedBatch:
         """Decode into one contiguous uint8 NCHW tensor (in pinned memory when ``pin``)."""
@@ -593,14 +576,6 @@ DECODERS: dict[str, DecoderFactory] = {
 }
 
 
-def register_decoder(name: str) -> Callable[[DecoderFactory], DecoderFactory]:
-    def decorator(factory: DecoderFactory) -> DecoderFactory:
-        DECODERS[name] = factory
-        return factory
-
-    return decorator
-
-
 def build_decoder(name: str, geometry: Geometry, device: torch.device) -> ImageDecoder:
     if name not in DECODERS:
         raise ValueError(f"loader.decoder={name!r} is unknown; choose one of {sorted(DECODERS)}")
@@ -619,8 +594,6 @@ __all__ = [
     "apply_plan",
     "build_decoder",
     "ffmpeg_filter",
-    "image_seed",
-    "register_decoder",
     "train_plans",
     "val_plan",
 ]

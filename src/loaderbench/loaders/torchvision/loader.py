@@ -3,6 +3,11 @@
 Each worker opens, decodes (PIL) and transforms one image at a time, as torchvision's ImageNet
 references and the tensordict tutorial's "regular" loader do; batches are collated in the
 worker, pinned in the main process on CUDA and copied to the device without blocking.
+
+A train image's random-resized crop and flip come from its own generator, seeded by (seed,
+epoch, image) (``LoaderSpec.random_crops``, as in every loader): the sampler hands each worker
+(index, epoch), so augmentation does not depend on which worker draws an image, and no worker
+(nor the main process, with ``num_workers=0``) touches the global RNG.
 """
 
 from __future__ import annotations
@@ -12,32 +17,58 @@ import signal
 from collections.abc import Callable, Iterator, Sequence
 
 import torch
+from PIL import Image
 from torch.utils.data import DataLoader, Dataset, Sampler
+from torchvision.transforms.v2 import functional as TF
 
 from loaderbench.data import Split
 from loaderbench.images import load_rgb
-from loaderbench.loaders.base import (
-    Batch,
-    Loader,
-    LoaderSpec,
-    epoch_permutation,
-    register_loader,
-    shard_indices,
-    to_device,
-)
-from loaderbench.transforms import pil_train_transform, pil_val_transform
+from loaderbench.loaders.base import Batch, Loader, LoaderSpec, register_loader, to_device
+from loaderbench.loaders.torchvision.settings import Settings
+from loaderbench.transforms import pil_val_transform
 
 log = logging.getLogger(__name__)
+
+# (image, index, epoch) -> uint8 CHW
+ImageTransform = Callable[[Image.Image, int, int], torch.Tensor]
+
+
+class SeededTrainTransform:
+    """RandomResizedCrop + RandomHorizontalFlip, their parameters from (seed, epoch, image)."""
+
+    def __init__(self, spec: LoaderSpec) -> None:
+        self.spec = spec
+
+    def __call__(self, image: Image.Image, index: int, epoch: int) -> torch.Tensor:
+        width, height = image.size
+        boxes, flips = self.spec.random_crops([height], [width], epoch, [index])
+        top, left, h, w = boxes[0].tolist()
+        size = [self.spec.image_size] * 2
+        image = TF.resized_crop(image, top, left, h, w, size, antialias=True)
+        if flips[0]:
+            image = TF.horizontal_flip(image)
+        return TF.pil_to_tensor(image)
+
+
+class EveryEpoch:
+    """A per-image transform that ignores the epoch (validation, the benchmark's peers)."""
+
+    def __init__(self, transform: Callable[[Image.Image], torch.Tensor]) -> None:
+        self.transform = transform
+
+    def __call__(self, image: Image.Image, index: int, epoch: int) -> torch.Tensor:
+        return self.transform(image)
 
 
 class ImageFileDataset(Dataset):
     """Map-style dataset over a discovered split: (uint8 CHW image, label), or None if unreadable.
 
     Equivalent to torchvision's ImageFolder with a PIL loader, but fed by the shared discovery
-    step so every loader sees the same files in the same order.
+    step so every loader sees the same files in the same order. Keys are indices, or (index,
+    epoch) for a transform that depends on the epoch.
     """
 
-    def __init__(self, split: Split, transform: Callable, skip_errors: bool) -> None:
+    def __init__(self, split: Split, transform: ImageTransform, skip_errors: bool) -> None:
         self.split = split
         self.transform = transform
         self.skip_errors = skip_errors
@@ -48,15 +79,8 @@ class ImageFileDataset(Dataset):
     def __getitem__(
         self, key: int | tuple[int, int]
     ) -> tuple[torch.Tensor, int] | tuple[None, tuple[int, str]]:
-        """(image, label), or (None, (index, error)) for an unreadable file when skipping.
-
-        ``key`` is an index, or (index, seed): the seed fixes this sample's random crop and
-        flip, so augmentation depends on (seed, epoch, image) and not on which worker process
-        drew it (a resumed run sees what an uninterrupted one would have).
-        """
-        index, sample_seed = key if isinstance(key, tuple) else (key, None)
-        if sample_seed is not None:
-            torch.manual_seed(sample_seed)
+        """(image, label), or (None, (index, error)) for an unreadable file when skipping."""
+        index, epoch = key if isinstance(key, tuple) else (key, 0)
         path = self.split.paths[index]
         try:
             image = load_rgb(path)
@@ -65,7 +89,7 @@ class ImageFileDataset(Dataset):
                 raise OSError(f"cannot read image {path}: {error}") from error
             # Logged by the main process, once per file (a worker would repeat it each epoch).
             return None, (index, f"{type(error).__name__}: {error}")
-        return self.transform(image), self.split.labels[index]
+        return self.transform(image, index, epoch), self.split.labels[index]
 
 
 def collate_skipping(
@@ -82,7 +106,7 @@ def collate_skipping(
 
 
 class EpochSampler(Sampler[tuple[int, int]]):
-    """The shared epoch order (same seed -> same permutation), this rank's share of it."""
+    """The shared epoch order, this rank's share of it, as (index, epoch) keys."""
 
     def __init__(self, spec: LoaderSpec) -> None:
         self.spec = spec
@@ -91,41 +115,38 @@ class EpochSampler(Sampler[tuple[int, int]]):
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
 
-    def _indices(self) -> torch.Tensor:
-        spec = self.spec
-        order = epoch_permutation(len(spec.split), spec.seed, self.epoch, shuffle=spec.train)
-        return shard_indices(order, spec.batch_size, spec.drop_last, spec.rank, spec.world_size)
-
     def __iter__(self) -> Iterator[tuple[int, int]]:
-        base = (self.spec.seed * 1_000_003 + self.epoch) * 10_000_019
-        return iter((i, (base + i) % 2**62) for i in self._indices().tolist())
+        epoch = self.epoch
+        return iter((i, epoch) for i in self.spec.epoch_order(epoch).tolist())
 
     def __len__(self) -> int:
-        return len(self._indices())
+        return len(self.spec.epoch_order(self.epoch))
 
 
 @register_loader("torchvision")
 class TorchvisionLoader(Loader):
     def __init__(self, spec: LoaderSpec) -> None:
         super().__init__(spec)
+        settings: Settings = spec.settings  # type: ignore[assignment]
         transform = (
-            pil_train_transform(spec.image_size, spec.rrc_scale, spec.rrc_ratio)
+            SeededTrainTransform(spec)
             if spec.train
-            else pil_val_transform(spec.image_size)
+            else EveryEpoch(pil_val_transform(spec.image_size))
         )
-        skip = spec.options.get("on_error", "skip") == "skip"
         self.sampler = EpochSampler(spec)
         workers = spec.num_workers
         self.dataloader = DataLoader(
-            ImageFileDataset(spec.split, transform, skip_errors=skip),
+            ImageFileDataset(spec.split, transform, skip_errors=spec.skip_errors),
             batch_size=spec.batch_size,
             sampler=self.sampler,
             num_workers=workers,
             collate_fn=collate_skipping,
             pin_memory=spec.use_pinned_memory,
             drop_last=False,  # the sampler already cut the epoch to whole batches
-            persistent_workers=workers > 0 and bool(spec.options.get("persistent_workers", True)),
-            prefetch_factor=spec.prefetch if workers > 0 else None,
+            persistent_workers=workers > 0 and settings.persistent_workers,
+            prefetch_factor=settings.per_worker_prefetch() if workers > 0 else None,
+            # Its own generator for the workers' base seed: DataLoader would otherwise draw it
+            # from the global RNG at every epoch's start.
             generator=torch.Generator().manual_seed(spec.seed * 1_000 + spec.rank),
         )
         self.skipped: set[int] = set()
@@ -133,9 +154,6 @@ class TorchvisionLoader(Loader):
     def set_epoch(self, epoch: int) -> None:
         super().set_epoch(epoch)
         self.sampler.set_epoch(epoch)
-
-    def __len__(self) -> int:
-        return len(self.dataloader)
 
     def __iter__(self) -> Iterator[Batch]:
         non_blocking = self.spec.use_pinned_memory

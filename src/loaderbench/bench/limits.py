@@ -22,7 +22,7 @@ also runs in a plain ``ThreadPoolExecutor`` of one thread per core over the same
 a thread pipeline with no overhead at all reaches on this machine, where cores share caches,
 memory bandwidth and clock boost, so it is the yardstick for a pipeline's own overhead.
 
-``python -m loaderbench.bench_limits [--root DIR] [--image-size 224] [METRICS_JSON ...]`` prints
+``python -m loaderbench.bench.limits [--root DIR] [--image-size 224] [METRICS_JSON ...]`` prints
 the candidates, the limit and, for each ``metrics.json`` of a ``model=none`` eval run, the ratios.
 """
 
@@ -124,8 +124,8 @@ def usable_cores() -> int:
 
 def candidates(image_size: int) -> dict[str, DecodeFn]:
     """The val job for one file -> uint8 CHW, per available decoder."""
-    from loaderbench.decoders import FFmpegDecoder, Geometry, Sample, TurboDecoder
     from loaderbench.images import load_rgb
+    from loaderbench.loaders.spdl.decoders import FFmpegDecoder, Geometry, Sample, TurboDecoder
     from loaderbench.transforms import pil_val_transform
 
     pil_transform = pil_val_transform(image_size)
@@ -155,7 +155,7 @@ def time_single_thread(
     Runs in a fresh thread whose torch ops are serial (as in the loaders' pools), so torch's
     intra-op threads do not count as "one core".
     """
-    from loaderbench.decoders import serial_torch_in_this_thread
+    from loaderbench.loaders.spdl.decoders import serial_torch_in_this_thread
 
     result: dict[str, Any] = {}
 
@@ -189,7 +189,7 @@ def time_thread_pool(
     plain pool of ``threads`` threads, ``chunk`` images per task (a loader's batch)."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from loaderbench.decoders import serial_torch_in_this_thread
+    from loaderbench.loaders.spdl.decoders import serial_torch_in_this_thread
 
     def decode_chunk(chunk_paths: Sequence[str]) -> None:
         serial_torch_in_this_thread()

@@ -105,11 +105,6 @@ class StorePolicy:
     ) -> StorePolicy:
         if not train:
             return cls("crop", image_size, image_size)
-        if not math.isfinite(train_store_ratio) or train_store_ratio < 1.0:
-            raise ValueError(
-                f"loader.train_store_ratio must be >= 1.0 (the stored long side relative to "
-                f"image_size), got {train_store_ratio}"
-            )
         return cls("fit", image_size, max(round(image_size * train_store_ratio), min_side))
 
     @property

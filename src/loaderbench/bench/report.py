@@ -36,10 +36,10 @@ from typing import Any
 
 import torch
 
-from loaderbench.bench_limits import DecodeLimit, measure_decode_limit, usable_cores
+from loaderbench.bench.limits import DecodeLimit, measure_decode_limit, usable_cores
 from loaderbench.synthetic import SyntheticSpec, ensure_synthetic
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 LOADERS = ("torchvision", "memmap", "spdl")
 
 
@@ -175,14 +175,14 @@ def peer_rows(opts: Options, root: Path, decode: DecodeLimit) -> list[Row]:
     """The peers, timed in this process with the project's meter."""
     from omegaconf import OmegaConf
 
-    from loaderbench.config import DatasetConfig
-    from loaderbench.data import discover
-    from loaderbench.meters import CpuWindow, LoopMeter, ProcessTreeMonitor
-    from loaderbench.peers import (
+    from loaderbench.bench.peers import (
         build_tutorial_tensorclass,
         classic_loader,
         tutorial_tensorclass_loader,
     )
+    from loaderbench.config import DatasetConfig
+    from loaderbench.data import discover
+    from loaderbench.meters import CpuWindow, LoopMeter, ProcessTreeMonitor
 
     cfg = OmegaConf.structured(DatasetConfig)
     cfg.name, cfg.root = "folder", str(root)

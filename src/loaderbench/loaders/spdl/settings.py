@@ -1,0 +1,39 @@
+"""``loader=spdl`` keys: ``num_workers`` are the decode threads of the pipeline."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from loaderbench.loaders.settings import Check, LoaderSettings
+
+
+@dataclass
+class Settings(LoaderSettings):
+    # Which decoder the decode stage calls: turbo (libjpeg-turbo through torchvision.io, the
+    # fastest on the CPU), ffmpeg (spdl.io + an FFmpeg filter graph), nvjpeg (GPU; needs CUDA).
+    decoder: str = "turbo"
+    # A batch not ready within this many seconds raises TimeoutError (null: wait forever).
+    timeout_s: float | None = 600.0
+    # Also log SPDL's per-stage statistics every this many seconds (null: when it stops).
+    stats_interval_s: float | None = None
+    # One pipeline for the whole run, its source re-iterated each epoch (like DataLoader's
+    # persistent_workers); false: a pipeline built and stopped per epoch.
+    persistent: bool = True
+
+    def checks(self) -> list[Check]:
+        from loaderbench.loaders.spdl.decoders import DECODERS  # the registry; spdl not loaded
+
+        timeout = self.timeout_s
+        return [
+            *super().checks(),
+            (
+                self.decoder in DECODERS,
+                f"loader.decoder must be one of {sorted(DECODERS)}",
+                self.decoder,
+            ),
+            (timeout is None or timeout > 0, "loader.timeout_s must be > 0 or null", timeout),
+        ]
+
+    def ready_batches(self) -> int:
+        """The sink's size: ``prefetch`` in total, less the batches being decoded."""
+        return max(1, self.prefetch - max(1, self.num_workers))

@@ -1,0 +1,1 @@
+"""``loader=torchvision``: an ImageFolder-style dataset + DataLoader worker processes."""
