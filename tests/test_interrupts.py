@@ -1,4 +1,5 @@
-"""Stopping a run with SIGTERM or Ctrl-C: workers gone, partial metrics written."""
+"""Stopping a run with SIGTERM or Ctrl-C: workers gone, partial metrics written, and nothing
+half-written (a stop inside an atomic write waits for the file to be in place)."""
 
 from __future__ import annotations
 
@@ -12,12 +13,14 @@ from pathlib import Path
 
 import psutil
 import pytest
+import torch
 
+from loaderbench.checkpoint import load_checkpoint
+from loaderbench.stopping import critical_section, stop_requested, stop_signals_as_interrupt
 from tests.conftest import REPO
 
-pytestmark = pytest.mark.slow
 
-
+@pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_signal_stops_cleanly(sig: int, small_root: Path, tmp_path: Path) -> None:
     proc = subprocess.Popen(
@@ -74,6 +77,7 @@ def _interrupted_metrics(cwd: Path) -> dict:
     return metrics
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_signal_during_a_cache_build_leaves_no_cache(
     sig: int, small_root: Path, tmp_path: Path
@@ -106,6 +110,7 @@ def test_signal_during_a_cache_build_leaves_no_cache(
     assert [p.name for p in cache_dir.iterdir() if not p.name.endswith(".lock")] == []
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_sigterm_during_an_spdl_evaluation_exits_promptly(small_root: Path, tmp_path: Path) -> None:
     """SPDL's threads are not daemons: a pipeline left running would keep the process alive."""
@@ -128,3 +133,156 @@ def test_sigterm_during_an_spdl_evaluation_exits_promptly(small_root: Path, tmp_
     assert proc.returncode != 0, output[-3000:]
     metrics = _interrupted_metrics(tmp_path)
     assert metrics["loader"] == "spdl" and metrics["images"] > 0
+
+
+# ---------------------------------------------------------------------------------------------
+# A stop inside a critical section (an atomic write, a cache's commit) waits for its end.
+
+
+def test_critical_section_defers_a_stop_signal_to_the_end_of_the_outermost_section() -> None:
+    events = []
+    with stop_signals_as_interrupt():
+        try:
+            with critical_section():
+                with critical_section():
+                    os.kill(os.getpid(), signal.SIGTERM)
+                    for _ in range(1000):  # many chances for the handler to run here
+                        pass
+                    events.append("inner body ran on")
+                events.append("inner section left")
+                events.append(f"requested {stop_requested()}")
+            events.append("outer section left")
+        except KeyboardInterrupt as error:
+            events.append(f"raised: {error}")
+    assert events == [
+        "inner body ran on",
+        "inner section left",
+        f"requested {signal.SIGTERM.value}",
+        "raised: stopped by signal SIGTERM",
+    ]
+    assert stop_requested() is None  # forgotten once the handler is gone
+
+
+def test_critical_section_lets_a_propagating_or_handled_exception_be() -> None:
+    with stop_signals_as_interrupt():
+        try:
+            with pytest.raises(ValueError, match="the block's own"), critical_section():
+                os.kill(os.getpid(), signal.SIGTERM)
+                for _ in range(1000):
+                    pass
+                raise ValueError("the block's own error")
+            # A cleanup in an except or finally block runs to its end: the stop stays recorded.
+            try:
+                raise OSError("being handled")
+            except OSError:
+                with critical_section():
+                    pass
+                cleaned_up = True
+            assert stop_requested() == signal.SIGTERM
+        except KeyboardInterrupt as error:
+            pytest.fail(f"KeyboardInterrupt raised too early: {error}")
+    assert cleaned_up
+
+
+ATOMIC_WRITE = """
+import os, signal, sys
+from pathlib import Path
+from loaderbench.locking import atomic_write
+from loaderbench.stopping import stop_signals_as_interrupt
+
+target, sig = Path(sys.argv[1]), int(sys.argv[2])
+
+def write(tmp):
+    with open(tmp, "w") as f:
+        f.write("new first half\\n")
+        f.flush()
+        os.kill(os.getpid(), sig)  # the stop arrives halfway through the write
+        for _ in range(1000):  # many chances for the handler to run here
+            pass
+        f.write("new second half\\n")
+    print("wrote the second half", flush=True)
+
+with stop_signals_as_interrupt():
+    try:
+        atomic_write(target, write)
+    except KeyboardInterrupt as error:
+        print(f"interrupted: {error}", flush=True)
+        sys.exit(130)
+print("not interrupted", flush=True)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_stop_inside_an_atomic_write_waits_until_the_file_is_in_place(
+    sig: int, tmp_path: Path
+) -> None:
+    target = tmp_path / "metrics.json"
+    target.write_text("old\n")
+    proc = subprocess.run(
+        [sys.executable, "-c", ATOMIC_WRITE, str(target), str(int(sig))],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 130, proc.stdout + proc.stderr[-3000:]
+    assert proc.stdout.splitlines() == [
+        "wrote the second half",
+        f"interrupted: stopped by signal {signal.Signals(sig).name}",
+    ]
+    assert target.read_text() == "new first half\nnew second half\n"
+    assert os.listdir(tmp_path) == ["metrics.json"]  # no .metrics.json.*.tmp
+
+
+CHECKPOINT = """
+import os, signal, sys
+from collections import OrderedDict
+import torch
+from loaderbench.checkpoint import save_checkpoint
+from loaderbench.stopping import stop_signals_as_interrupt
+
+class StopWhilePickled:
+    # torch.save pickles this with its temporary file open: a SIGTERM halfway through.
+    def __reduce__(self):
+        os.kill(os.getpid(), signal.SIGTERM)
+        for _ in range(1000):
+            pass
+        return (OrderedDict, ())
+
+path = sys.argv[1]
+with stop_signals_as_interrupt():
+    save_checkpoint(path, {"epoch": 1, "model": {}, "config": {}})
+    state = {
+        "epoch": 2,
+        "model": {"w": torch.arange(2**20)},
+        "config": {},
+        "stop": StopWhilePickled(),
+        "after": torch.ones(2**20),
+    }
+    try:
+        save_checkpoint(path, state)
+    except KeyboardInterrupt as error:
+        print(f"interrupted: {error}", flush=True)
+        sys.exit(130)
+print("not interrupted", flush=True)
+"""
+
+
+@pytest.mark.slow
+def test_sigterm_while_a_checkpoint_is_written_leaves_it_whole_and_no_tmp(tmp_path: Path) -> None:
+    path = tmp_path / "checkpoint.pt"
+    proc = subprocess.run(
+        [sys.executable, "-c", CHECKPOINT, str(path)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 130, proc.stdout + proc.stderr[-3000:]
+    assert proc.stdout.strip() == "interrupted: stopped by signal SIGTERM"
+    state = load_checkpoint(path)  # the new one, whole
+    assert state["epoch"] == 2 and state["stop"] == {}
+    assert torch.equal(state["model"]["w"], torch.arange(2**20))
+    assert torch.equal(state["after"], torch.ones(2**20))
+    assert os.listdir(tmp_path) == ["checkpoint.pt"]  # no .checkpoint.pt.*.tmp

@@ -2,7 +2,10 @@
 
 Each config group under ``conf/`` pulls in its schema from here through its defaults list
 (``defaults: [<group>_schema]``), so an override with a wrong type or an unknown key fails
-at composition time, with OmegaConf's message naming the key.
+at composition time, with OmegaConf's message naming the key. A loader's keys live with the
+loader (``loaderbench/loaders/<name>/settings.py``) and are registered here as
+``<name>_schema``; the defaults of every key are the dataclass fields' (the YAML files under
+``conf/`` only pick a schema and say what differs).
 """
 
 from __future__ import annotations
@@ -12,6 +15,10 @@ from typing import Any
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, OmegaConf
+
+from loaderbench.loaders import LoaderSettings, loader_names, settings_class
+
+ON_ERROR = ("skip", "raise")
 
 
 @dataclass
@@ -39,53 +46,11 @@ class DatasetConfig:
     # Use at most this many images a split (null: all). Handy for quick looks at big sets.
     max_images: int | None = None
     # An unreadable image (truncated, empty, not an image, over max_image_pixels): skip it
-    # (counted in skipped_files, named in the log) or raise, naming it.
+    # (counted in skipped_files, named in the log) or raise, naming it (ON_ERROR).
     on_error: str = "skip"
     # Refuse images with more pixels than this, from their header, before decoding (null: no
     # limit). The default is PIL's decompression-bomb threshold.
     max_image_pixels: int | None = 178_956_970
-
-
-@dataclass
-class LoaderConfig:
-    name: str = MISSING
-    batch_size: int = 32
-    num_workers: int = 2
-    prefetch: int = 2
-    pin_memory: bool = True
-
-
-@dataclass
-class TorchvisionLoaderConfig(LoaderConfig):
-    persistent_workers: bool = True
-
-
-@dataclass
-class MemmapLoaderConfig(LoaderConfig):
-    # Where caches live (relative paths: relative to the project root).
-    cache_dir: str = "cache"
-    # Train images are stored whole, aspect kept, shrunk (never enlarged) so that their long side
-    # is at most round(image_size * train_store_ratio); the random-resized crop is taken from them
-    # at load time. 1.5: a 4:3 image keeps a short side of 1.125 x image_size.
-    train_store_ratio: float = 1.5
-    # ... and at least this many pixels: at small image sizes, crops from a store barely larger
-    # than the input are blurrier than torchvision's crops from the full image (measured: top1
-    # 9.7 points lower at 64 px with a 96 px store, 2.7 with 192 px), and storage is cheap.
-    train_store_min_side: int = 192
-
-
-@dataclass
-class SpdlLoaderConfig(LoaderConfig):
-    # Which decoder the decode stage calls: ffmpeg (spdl.io), turbo (libjpeg-turbo through
-    # torchvision.io), nvjpeg (GPU).
-    decoder: str = "turbo"
-    # A batch not ready within this many seconds raises TimeoutError (null: wait forever).
-    timeout_s: float | None = 600.0
-    # Also log SPDL's per-stage statistics every this many seconds (null: when it stops).
-    stats_interval_s: float | None = None
-    # One pipeline for the whole run, its source re-iterated each epoch (like DataLoader's
-    # persistent_workers); false: a pipeline built and stopped per epoch.
-    persistent: bool = True
 
 
 @dataclass
@@ -196,9 +161,9 @@ class RunConfig:
     bench: BenchConfig = field(default_factory=BenchConfig)
 
 
-_SCHEMAS: dict[str, type] = {
+SCHEMAS: dict[str, type] = {
     "dataset": DatasetConfig,
-    "loader": LoaderConfig,
+    "loader": LoaderSettings,
     "model": ModelConfig,
     "device": DeviceConfig,
     "precision": PrecisionConfig,
@@ -206,11 +171,9 @@ _SCHEMAS: dict[str, type] = {
 }
 
 
-_LOADER_SCHEMAS: dict[str, type] = {
-    "torchvision": TorchvisionLoaderConfig,
-    "memmap": MemmapLoaderConfig,
-    "spdl": SpdlLoaderConfig,
-}
+# `model=<name>` for these timm architectures, with no YAML file each (conf/model/timm.yaml
+# takes any other name: `model=timm model.name=convnext_tiny`).
+NAMED_MODELS = ("mobilenetv3_large_100", "resnet10t", "resnet18", "resnet50", "test_resnet")
 
 
 def _run_stamp(default: str) -> str:
@@ -227,10 +190,12 @@ def register_configs() -> None:
         OmegaConf.register_new_resolver("run_stamp", _run_stamp)
     store = ConfigStore.instance()
     store.store(name="run_schema", node=RunConfig)
-    for group, schema in _SCHEMAS.items():
+    for group, schema in SCHEMAS.items():
         store.store(group=group, name=f"{group}_schema", node=schema)
-    for name, schema in _LOADER_SCHEMAS.items():
-        store.store(group="loader", name=f"{name}_schema", node=schema)
+    for name in loader_names():  # each loader's own typed keys, from its package
+        store.store(group="loader", name=f"{name}_schema", node=settings_class(name))
+    for name in NAMED_MODELS:
+        store.store(group="model", name=name, node=ModelConfig(name=name))
 
 
 register_configs()

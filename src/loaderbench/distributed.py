@@ -75,11 +75,6 @@ def shutdown() -> None:
         dist.destroy_process_group()
 
 
-def barrier() -> None:
-    if dist.is_initialized():
-        dist.barrier()
-
-
 def all_reduce(values: list[float], op: str = "sum") -> list[float]:
     """Sum (or max) of each value across ranks; the identity in a single process."""
     if not dist.is_initialized():

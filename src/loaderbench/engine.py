@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import torch
@@ -60,21 +60,18 @@ def train_one_epoch(
     *,
     max_batches: int | None = None,
     desc: str = "train",
-    on_batch: Callable[[int, float], None] | None = None,
 ) -> float:
     """One pass of training; returns the epoch's mean loss."""
     step.model.train()
     loss_avg = Average()
     with progress(loader, desc) as bar:
-        for i, batch in enumerate(meter.iterate(loader, max_batches)):
+        for batch in meter.iterate(loader, max_batches):
             loss = step(batch)
             n = batch.labels.shape[0]
             loss_value = float(loss)
             loss_avg.update(loss_value, n)
             bar.update(n)
             bar.set_postfix(loss=f"{loss_avg.mean:.3f}", refresh=False)
-            if on_batch is not None:
-                on_batch(i, loss_value)
     return loss_avg.mean
 
 
@@ -86,15 +83,6 @@ class EvalCounts:
     correct_top1: int = 0
     correct_top5: int = 0
     loss_sum: float = 0.0
-
-    def as_tensor(self, device: torch.device) -> torch.Tensor:
-        values = [self.images, self.correct_top1, self.correct_top5, self.loss_sum]
-        return torch.tensor(values, dtype=torch.float64, device=device)
-
-    @classmethod
-    def from_tensor(cls, t: torch.Tensor) -> EvalCounts:
-        images, top1, top5, loss_sum = t.tolist()
-        return cls(int(images), int(top1), int(top5), loss_sum)
 
     def metrics(self) -> dict[str, float]:
         n = max(self.images, 1)

@@ -12,6 +12,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO
 
+from loaderbench.stopping import critical_section
+
 
 class FileLock:
     """An exclusive ``flock`` on a lock file; the OS releases it if the holder dies."""
@@ -49,20 +51,25 @@ class FileLock:
 
 
 def atomic_write(path: str | os.PathLike[str], write: Callable[[Path], None]) -> None:
-    """Call ``write(tmp_path)``, fsync, then rename over ``path``: readers see all or nothing."""
+    """Call ``write(tmp_path)``, fsync, then rename over ``path``: readers see all or nothing.
+
+    A stop signal (SIGINT, SIGTERM) arriving meanwhile is deferred until the file is in place
+    (or the temporary file removed, on error): ``stopping.critical_section``.
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    tmp_path = Path(tmp)
-    try:
-        write(tmp_path)
-        with open(tmp_path, "rb") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp_path, path)
-    except BaseException:
-        tmp_path.unlink(missing_ok=True)
-        raise
+    with critical_section():
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        os.close(fd)
+        tmp_path = Path(tmp)
+        try:
+            write(tmp_path)
+            with open(tmp_path, "rb") as f:
+                os.fsync(f.fileno())
+            os.replace(tmp_path, path)
+        except BaseException:
+            tmp_path.unlink(missing_ok=True)
+            raise
 
 
 def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:

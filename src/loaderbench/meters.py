@@ -217,6 +217,21 @@ class CpuWindow:
         self._start = None
 
 
+def loop_metrics(meter: LoopMeter, cpu_s: float) -> dict[str, Any]:
+    """A loop's throughput, start-up, data wait and CPU cost, as metrics.json names them."""
+    summary = meter.summary()
+    images = summary["images"]
+    return {
+        "images": images,
+        "images_per_s": summary["images_per_s"],
+        "ttfb_s": summary["ttfb_s"],
+        "data_wait_frac": summary["data_wait_frac"],
+        "loop_s": summary["loop_s"],
+        "cpu_s": cpu_s,
+        "cpu_s_per_1k_images": 1000 * cpu_s / images if images else None,
+    }
+
+
 class Average:
     """A running mean (weighted by count)."""
 

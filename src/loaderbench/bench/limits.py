@@ -139,9 +139,9 @@ def candidates(image_size: int) -> dict[str, DecodeFn]:
             continue
 
         def decode(path: str, decoder: Any = decoder) -> torch.Tensor:
-            # The decoder's own steps for one image, without a batch around it.
-            opened = decoder.open(Sample(0, path, 0, 0))
-            return decoder.finish(opened, decoder.geometry.plan(opened.height, opened.width, 0))
+            # The decoder's own steps for one image, without a batch around it (val geometry).
+            opened = decoder.open(Sample(index=0, path=path, label=0, epoch=0))
+            return decoder.finish(opened, decoder.geometry.plans([opened])[0])
 
         fns[decoder_class.name] = decode
     return fns

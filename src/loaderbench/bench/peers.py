@@ -6,7 +6,8 @@
 * ``tutorial_tensorclass``: the tutorial's tensorclass loader: images resized once into a
   uint8 TensorClass (train squashed to a square, val resized and centre-cropped), then read by a
   DataLoader one batch index at a time, normalised (and, for train, cropped at a fixed size
-  and flipped) in a CPU collate function.
+  and flipped) in a CPU collate function. Its memory-mapped files go to the folder the caller
+  names (the report's work folder), nowhere else.
 
 Both yield (images, labels) on the CPU; the benchmark times them with the same LoopMeter as the
 project's loaders.
@@ -15,15 +16,16 @@ project's loaders.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import torch
-from tensordict import MemoryMappedTensor, TensorClass
+from tensordict import TensorClass
 from torch import nn
 from torch.utils.data import DataLoader
 from torchvision.transforms import v2
 
 from loaderbench.data import Split
-from loaderbench.loaders.torchvision.loader import ImageFileDataset
+from loaderbench.loaders.torchvision.loader import EveryEpoch, ImageFileDataset
 from loaderbench.transforms import val_resize_size
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -51,7 +53,7 @@ def classic_loader(
 ) -> DataLoader:
     """The per-image float pipeline in worker processes."""
     return DataLoader(
-        ImageFileDataset(split, _float_transform(size, train), skip_errors=False),
+        ImageFileDataset(split, EveryEpoch(_float_transform(size, train)), skip_errors=False),
         batch_size=batch_size,
         shuffle=train,
         drop_last=train,
@@ -66,23 +68,25 @@ class TutorialImages(TensorClass):
 
 
 def build_tutorial_tensorclass(
-    split: Split, size: int, train: bool, num_workers: int
+    split: Split, size: int, train: bool, num_workers: int, prefix: Path
 ) -> TutorialImages:
-    """Fill the tutorial's uint8 tensors (train squashed to (S, S), S = size * 256 / 224)."""
+    """Fill the tutorial's uint8 tensors (train squashed to (S, S), S = size * 256 / 224),
+    memory-mapped files under ``prefix`` (overwritten if there)."""
     stored = val_resize_size(size)
     geometry = (
         [v2.Resize((stored, stored), antialias=True)]
         if train
         else [v2.Resize(stored, antialias=True), v2.CenterCrop(size)]
     )
-    dataset = ImageFileDataset(split, v2.Compose([*geometry, v2.PILToTensor()]), skip_errors=False)
+    transform = EveryEpoch(v2.Compose([*geometry, v2.PILToTensor()]))
+    dataset = ImageFileDataset(split, transform, skip_errors=False)
     side = stored if train else size
+    # Files of the shape and dtype of these (unallocated) tensors, locked as memmap_() does.
     data = TutorialImages(
-        images=MemoryMappedTensor.empty((len(split), 3, side, side), dtype=torch.uint8),
-        targets=MemoryMappedTensor.empty((len(split),), dtype=torch.int64),
+        images=torch.empty((len(split), 3, side, side), dtype=torch.uint8),
+        targets=torch.empty((len(split),), dtype=torch.int64),
         batch_size=[len(split)],
-    )
-    data.memmap_()
+    ).memmap_like(prefix, existsok=True)
     start = 0
     for images, labels in DataLoader(dataset, batch_size=64, num_workers=num_workers):
         n = images.shape[0]

@@ -62,7 +62,7 @@ from tqdm import tqdm
 from loaderbench.data import Split
 from loaderbench.images import load_rgb, max_pixels, open_checked, to_rgb
 from loaderbench.locking import FileLock, atomic_write_text
-from loaderbench.stopping import raise_if_stop_requested
+from loaderbench.stopping import critical_section, raise_if_stop_requested
 from loaderbench.transforms import pil_val_transform
 
 log = logging.getLogger(__name__)
@@ -567,14 +567,16 @@ def ensure_cache(
         try:
             meta = build_cache(split, policy, tmp, name, num_workers, skip_errors, progress)
             meta["source"] = source
-            atomic_write_text(tmp / META_FILE, json.dumps(meta, indent=1) + "\n")
-            atomic_write_text(tmp / COMPLETE_FILE, f"{name}\n")
-            os.rename(tmp, final)
-            dir_fd = os.open(cache_dir, os.O_RDONLY)
-            try:
-                os.fsync(dir_fd)
-            finally:
-                os.close(dir_fd)
+            # The commit: a stop signal now waits for its end (then the cache is complete).
+            with critical_section():
+                atomic_write_text(tmp / META_FILE, json.dumps(meta, indent=1) + "\n")
+                atomic_write_text(tmp / COMPLETE_FILE, f"{name}\n")
+                os.rename(tmp, final)
+                dir_fd = os.open(cache_dir, os.O_RDONLY)
+                try:
+                    os.fsync(dir_fd)
+                finally:
+                    os.close(dir_fd)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise

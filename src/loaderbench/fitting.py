@@ -1,0 +1,195 @@
+"""Training a model over epochs: the optimizer and schedule, resuming, validating and
+checkpointing after every epoch. ``fit`` yields each epoch's numbers; the task records them."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+from torch import nn
+
+from loaderbench import distributed
+from loaderbench.checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
+from loaderbench.engine import EvalCounts, TrainStep, evaluate, train_one_epoch
+from loaderbench.loaders import Loader
+from loaderbench.meters import CpuWindow
+from loaderbench.models import maybe_compile
+from loaderbench.optim import build_optimizer, build_scheduler
+from loaderbench.session import Session
+
+log = logging.getLogger(__name__)
+
+CHECKPOINT_FILE = "checkpoint.pt"
+
+
+@dataclass
+class Training:
+    """The state one training run advances: the model, its optimizer and schedule."""
+
+    model: nn.Module  # the bare model (what the checkpoint holds)
+    step: TrainStep  # runs the DDP-wrapped (and maybe compiled) model
+    eval_model: nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+
+
+def parallel_models(session: Session, model: nn.Module) -> tuple[nn.Module, nn.Module]:
+    """(the model to train, the model to evaluate): DDP around the first in a torchrun job."""
+    if not session.dist.enabled:
+        compiled = maybe_compile(model, session.cfg.model)
+        return compiled, compiled
+    from torch.nn.parallel import DistributedDataParallel
+
+    device_ids = [session.device.index] if session.device.type == "cuda" else None
+    wrapped = DistributedDataParallel(model, device_ids=device_ids)
+    return maybe_compile(wrapped, session.cfg.model), model
+
+
+def start_training(session: Session, model: nn.Module, steps_per_epoch: int) -> Training:
+    cfg = session.cfg
+    optimizer = build_optimizer(cfg.optim, model)
+    scheduler = build_scheduler(cfg.scheduler, optimizer, steps_per_epoch, cfg.epochs)
+    train_model, eval_model = parallel_models(session, model)
+    step = TrainStep(
+        model=train_model,
+        optimizer=optimizer,
+        scheduler=scheduler,
+        criterion=nn.CrossEntropyLoss(label_smoothing=cfg.train.label_smoothing),
+        precision=session.precision,
+        scaler=session.precision.grad_scaler(session.device),
+        device=session.device,
+        grad_clip=cfg.train.grad_clip,
+    )
+    return Training(model, step, eval_model, optimizer, scheduler)
+
+
+def resume(session: Session, training: Training) -> int:
+    """Load checkpoint=PATH into the training state; returns the epoch to continue from."""
+    cfg = session.cfg
+    if cfg.checkpoint is None:
+        raise ValueError("train.resume=true needs checkpoint=PATH (a train.py checkpoint.pt)")
+    state = load_checkpoint(cfg.checkpoint, map_location=session.device)
+    if list(state["classes"]) != list(session.dataset.classes):
+        raise ValueError(f"checkpoint {cfg.checkpoint} was trained on other classes")
+    for key in ("image_size", "seed"):
+        if state["config"][key] != cfg[key]:
+            raise ValueError(
+                f"{key}={cfg[key]} but checkpoint {cfg.checkpoint} was trained with "
+                f"{state['config'][key]}; a resumed run must keep it"
+            )
+    training.model.load_state_dict(state["model"])
+    training.optimizer.load_state_dict(state["optimizer"])
+    training.scheduler.load_state_dict(state["scheduler"])
+    set_rng_state(state["rng"])
+    log.info("resuming from %s at epoch %d of %d", cfg.checkpoint, state["epoch"], cfg.epochs)
+    return int(state["epoch"])
+
+
+def epochs_to_run(cfg: DictConfig, start: int) -> range:
+    end = cfg.epochs
+    if cfg.train.stop_after_epochs is not None:
+        end = min(end, start + cfg.train.stop_after_epochs)
+    return range(start, end)
+
+
+def reduce_counts(counts: EvalCounts) -> EvalCounts:
+    """Accuracy over the whole val set: every rank's sums added up."""
+    images, top1, top5, loss_sum = distributed.all_reduce(
+        [counts.images, counts.correct_top1, counts.correct_top5, counts.loss_sum]
+    )
+    return EvalCounts(int(images), int(top1), int(top5), loss_sum)
+
+
+def validate(session: Session, model: nn.Module, loader: Loader, desc: str) -> dict[str, float]:
+    """Accuracy and loss over the whole val set (all ranks)."""
+    counts = evaluate(model, loader, session.precision, session.device, session.meter(), desc=desc)
+    return reduce_counts(counts).metrics()
+
+
+def save_training(session: Session, training: Training, epoch: int, metrics: dict) -> None:
+    """The checkpoint after ``epoch`` epochs (rank 0; written atomically)."""
+    save_checkpoint(
+        session.run_dir / CHECKPOINT_FILE,
+        {
+            "model": training.model.state_dict(),
+            "optimizer": training.optimizer.state_dict(),
+            "scheduler": training.scheduler.state_dict(),
+            "epoch": epoch,
+            "config": OmegaConf.to_container(session.cfg, resolve=True),
+            "classes": list(session.dataset.classes),
+            "metrics": {
+                k: v for k, v in metrics.items() if isinstance(v, int | float | str) or v is None
+            },
+            "rng": rng_state(),
+        },
+    )
+
+
+def log_epoch(session: Session, epoch: int, result: dict[str, Any], lr: float) -> None:
+    cfg = session.cfg
+    log.info(
+        "epoch %d/%d: loss %.4f, top1 %.4f, top5 %.4f, %.1f images/s, data wait %.1f%%",
+        epoch,
+        cfg.epochs,
+        result["loss"],
+        result["top1"],
+        result["top5"],
+        result["images_per_s"] or 0.0,
+        100 * (result["data_wait_frac"] or 0.0),
+    )
+    session.logger.log(
+        {
+            "epoch": epoch,
+            "train/loss": result["loss"],
+            "train/lr": lr,
+            "train/images_per_s": result["images_per_s"],
+            "train/data_wait_frac": result["data_wait_frac"],
+            "val/top1": result["top1"],
+            "val/top5": result["top5"],
+            "val/loss": result["val_loss"],
+        },
+        step=epoch,
+    )
+
+
+def fit(
+    session: Session, model: nn.Module, train_loader: Loader, val_loader: Loader
+) -> Iterator[dict[str, Any]]:
+    """Train and validate epoch after epoch (resuming when asked); yields each epoch's
+    metrics (the training loop's so far, the epoch's loss, val accuracy) once checkpointed."""
+    cfg = session.cfg
+    steps = len(train_loader)
+    if cfg.bench.max_batches is not None:
+        steps = min(steps, cfg.bench.max_batches)
+    training = start_training(session, model, steps)
+    start = resume(session, training) if cfg.train.resume else 0
+    if cfg.train.resume:
+        yield {"resumed_from": str(Path(cfg.checkpoint).absolute())}
+    meter, window = session.meter(), CpuWindow(session.monitor)
+    for epoch in epochs_to_run(cfg, start):
+        train_loader.set_epoch(epoch)
+        with window:
+            loss = train_one_epoch(
+                training.step,
+                train_loader,
+                meter,
+                max_batches=cfg.bench.max_batches,
+                desc=f"epoch {epoch + 1}/{cfg.epochs}",
+            )
+        val = validate(session, training.eval_model, val_loader, f"val {epoch + 1}/{cfg.epochs}")
+        (loss_sum,) = distributed.all_reduce([loss])
+        result = {
+            **session.loop_metrics(meter, window),
+            "loss": loss_sum / session.dist.world_size,
+            "epochs": epoch + 1,
+            **val,
+        }
+        log_epoch(session, epoch + 1, result, training.optimizer.param_groups[0]["lr"])
+        if session.dist.is_main:
+            save_training(session, training, epoch + 1, {**session.metrics, **result})
+        yield result

@@ -1,0 +1,305 @@
+"""A run's set-up and finish, around whatever train.py or eval.py does in between.
+
+``open_session`` runs the set-up steps in order, each a small function that takes what it
+needs and returns what it makes (``check``, ``start_process``, ``find_dataset``, ``start_logger``),
+hands the ``Session`` to the task, and whatever happens, finishes: ``metrics.json`` written
+(rank 0), W&B finished, the process group shut down. The task's steps return their numbers and
+the task records them with ``Session.record``, the only writer of the run's metrics.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
+from omegaconf import DictConfig, OmegaConf
+
+from loaderbench import __version__, distributed
+from loaderbench.data import DatasetIndex, discover, resolve_path
+from loaderbench.distributed import DistInfo
+from loaderbench.images import set_max_pixels
+from loaderbench.loaders import Loader, LoaderSettings, LoaderSpec, build_loader
+from loaderbench.locking import atomic_write_text
+from loaderbench.meters import CpuWindow, LoopMeter, ProcessTreeMonitor, loop_metrics
+from loaderbench.pagecache import evict, files_under
+from loaderbench.runtime import (
+    Precision,
+    resolve_device,
+    resolve_precision,
+    seed_everything,
+    synchronizer,
+)
+from loaderbench.stopping import raise_if_stop_requested, stop_signals_as_interrupt
+from loaderbench.sweeps import job_name, sweep_group, swept_keys
+from loaderbench.tracking import NullLogger, RunLogger, build_logger
+from loaderbench.validation import validate_against_dataset, validate_config
+
+log = logging.getLogger(__name__)
+
+METRICS_FILE = "metrics.json"
+
+
+@dataclass
+class Session:
+    """What the set-up made, for the task's steps to take from."""
+
+    cfg: DictConfig
+    task: str
+    run_dir: Path
+    dist: DistInfo
+    device: torch.device
+    precision: Precision
+    loader_settings: LoaderSettings
+    dataset: DatasetIndex
+    logger: RunLogger
+    monitor: ProcessTreeMonitor
+    metrics: dict[str, Any] = field(default_factory=dict)
+
+    def record(self, values: dict[str, Any] | None = None, **more: Any) -> None:
+        """Add a step's numbers to the run's metrics (metrics.json and the W&B summary)."""
+        self.metrics.update(values or {}, **more)
+
+    def loader_spec(self, split: str, *, train: bool, image_size: int) -> LoaderSpec:
+        cfg = self.cfg
+        return LoaderSpec(
+            split=self.dataset.split(split),
+            train=train,
+            image_size=image_size,
+            device=self.device,
+            settings=self.loader_settings,
+            seed=cfg.seed,
+            rrc_scale=tuple(cfg.augment.scale),
+            rrc_ratio=tuple(cfg.augment.ratio),
+            on_error=cfg.dataset.on_error,
+            rank=self.dist.rank,
+            world_size=self.dist.world_size,
+        )
+
+    @contextmanager
+    def open_loader(self, split: str, *, train: bool, image_size: int) -> Iterator[Loader]:
+        """The configured loader for ``split``; closed, and its numbers recorded, at the end."""
+        loader = build_loader(self.loader_spec(split, train=train, image_size=image_size))
+        try:
+            yield loader
+        finally:
+            loader.close()
+            self.record({f"loader_{split}_{k}": v for k, v in loader.stats().items()})
+
+    def meter(self) -> LoopMeter:
+        sync = synchronizer(self.device) if self.cfg.bench.sync_cuda else None
+        return LoopMeter(warmup_batches=self.cfg.bench.warmup_batches, sync=sync)
+
+    def loop_metrics(self, meter: LoopMeter, window: CpuWindow) -> dict[str, Any]:
+        """A loop's numbers over every rank (images and throughput summed)."""
+        return distributed.reduce_loop_metrics(
+            loop_metrics(meter, window.cpu_s), self.dist.world_size
+        )
+
+    @contextmanager
+    def keep_partial(self, meter: LoopMeter, window: CpuWindow) -> Iterator[None]:
+        """If the loop inside fails or is stopped, record what it measured (this rank's)."""
+        try:
+            yield
+        except BaseException:
+            if meter.batches:
+                self.record(loop_metrics(meter, window.cpu_s))
+            raise
+
+
+# ---------------------------------------------------------------------------------------------
+# Set-up steps.
+
+
+def check(cfg: DictConfig) -> LoaderSettings:
+    """Every key checked before anything is started; the loader's typed settings."""
+    return validate_config(cfg)
+
+
+def start_process(cfg: DictConfig, info: DistInfo) -> tuple[torch.device, Precision]:
+    """Seeds, this rank's device and process group, the log level, the pixel limit."""
+    seed_everything(cfg.seed)
+    device = resolve_device(cfg.device, info.local_rank if info.enabled else None)
+    distributed.init(info, device)
+    if not info.is_main:  # one rank speaks for the job
+        logging.getLogger("loaderbench").setLevel(logging.WARNING)
+    precision = resolve_precision(cfg.precision.name, device)
+    # Before any loader forks a worker, so every worker process inherits the limit.
+    set_max_pixels(cfg.dataset.max_image_pixels)
+    return device, precision
+
+
+def find_dataset(cfg: DictConfig, settings: LoaderSettings, task: str, ranks: int) -> DatasetIndex:
+    """The dataset, discovered and checked against the settings that depend on its size."""
+    dataset = discover(cfg.dataset)
+    validate_against_dataset(settings, len(dataset.train), task, ranks)
+    return dataset
+
+
+def prepare_page_cache(cfg: DictConfig, dataset: DatasetIndex, cache_dir: str | None) -> str:
+    """``cold`` after evicting the images and the loader's cache; ``warm`` (as found) else."""
+    if not cfg.bench.drop_page_cache:
+        return "warm"
+    paths = [*dataset.train.paths, *dataset.val.paths]
+    if cache_dir:
+        paths += files_under(resolve_path(cache_dir))
+    files, nbytes = evict(paths)
+    log.info("evicted %d files (%.1f MB) from the page cache", files, nbytes / 2**20)
+    return "cold"
+
+
+def sweep_identity() -> tuple[str | None, str | None]:
+    """W&B group (the sweep) and run name (its overrides); both None for a single run."""
+    hydra_cfg = HydraConfig.get()
+    if hydra_cfg.mode != RunMode.MULTIRUN:
+        return None, None
+    sweep_dir = Path(hydra_cfg.sweep.dir)
+    group = sweep_group(hydra_cfg.job.name, sweep_dir)
+    name = job_name(list(hydra_cfg.overrides.task), swept_keys(sweep_dir))
+    return group, name or hydra_cfg.job.override_dirname or f"job{hydra_cfg.job.num}"
+
+
+def start_logger(cfg: DictConfig, run_dir: Path, task: str, info: DistInfo) -> RunLogger:
+    """The run's W&B run (rank 0 only)."""
+    if not info.is_main:
+        return NullLogger()
+    group, name = sweep_identity()
+    return build_logger(
+        cfg.logger,
+        run_dir=run_dir,
+        config=OmegaConf.to_container(cfg, resolve=True),
+        job_type=task,
+        group=group,
+        name=name,
+    )
+
+
+def base_metrics(cfg: DictConfig, task: str) -> dict[str, Any]:
+    """What ran, known before anything starts."""
+    return {
+        "task": task,
+        "status": "running",
+        "loader": cfg.loader.name,
+        "model": cfg.model.name,
+        "device": cfg.device.type,
+        "precision": cfg.precision.name,
+        "batch_size": cfg.loader.batch_size,
+        "num_workers": cfg.loader.num_workers,
+        "prefetch": cfg.loader.prefetch,
+        "image_size": cfg.image_size,
+        "seed": cfg.seed,
+        "skipped_files": 0,
+        "version": __version__,
+    }
+
+
+def dataset_metrics(dataset: DatasetIndex) -> dict[str, Any]:
+    return {
+        "num_classes": dataset.num_classes,
+        "train_size": len(dataset.train),
+        "val_size": len(dataset.val),
+        "dataset_root": str(dataset.root),
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# The session itself.
+
+
+@contextmanager
+def open_session(cfg: DictConfig, task: str) -> Iterator[Session]:
+    """Set a job up; whatever happens inside, metrics.json is written and W&B finished."""
+    with stop_signals_as_interrupt():
+        started = time.perf_counter()
+        run_dir = Path(HydraConfig.get().runtime.output_dir)
+        metrics = base_metrics(cfg, task)
+        monitor = ProcessTreeMonitor()
+        info = distributed.dist_info()
+        session: Session | None = None
+        try:
+            session = _set_up(cfg, task, run_dir, info, monitor, metrics)
+            yield session
+            raise_if_stop_requested()  # a signal whose KeyboardInterrupt Python swallowed
+            metrics.update(_tree_totals(monitor, metrics), status="ok")
+        except KeyboardInterrupt:
+            metrics["status"] = "interrupted"
+            raise
+        except BaseException as error:
+            metrics.update(status="failed", error=f"{type(error).__name__}: {error}")
+            raise
+        finally:
+            monitor.stop()
+            metrics.update(
+                peak_rss_mb=monitor.peak_rss_bytes / 2**20,
+                wall_s=time.perf_counter() - started,
+            )
+            _finish(session, info, run_dir, metrics)
+
+
+def _set_up(
+    cfg: DictConfig,
+    task: str,
+    run_dir: Path,
+    info: DistInfo,
+    monitor: ProcessTreeMonitor,
+    metrics: dict[str, Any],
+) -> Session:
+    settings = check(cfg)
+    device, precision = start_process(cfg, info)
+    metrics.update(world_size=info.world_size, device=str(device))
+    dataset = find_dataset(cfg, settings, task, info.world_size)
+    metrics.update(dataset_metrics(dataset))
+    metrics["page_cache"] = prepare_page_cache(cfg, dataset, getattr(settings, "cache_dir", None))
+    logger = start_logger(cfg, run_dir, task, info)
+    monitor.start()
+    return Session(
+        cfg, task, run_dir, info, device, precision, settings, dataset, logger, monitor, metrics
+    )
+
+
+def skipped_files(metrics: dict[str, Any]) -> int:
+    """Unreadable files the loaders skipped, over their splits."""
+    return sum(int(v) for k, v in metrics.items() if k.endswith("_skipped_files") and v)
+
+
+def _tree_totals(monitor: ProcessTreeMonitor, metrics: dict[str, Any]) -> dict[str, Any]:
+    """Peak memory and skipped files, summed over ranks."""
+    monitor.sample()
+    peak, skipped = distributed.all_reduce(
+        [float(monitor.peak_rss_bytes), float(skipped_files(metrics))]
+    )
+    monitor.peak_rss_bytes = int(peak)
+    return {"skipped_files": int(skipped)}
+
+
+def write_metrics(run_dir: Path, metrics: dict[str, Any]) -> None:
+    def clean(value: Any) -> Any:
+        if isinstance(value, float) and not math.isfinite(value):
+            return None
+        return value
+
+    payload = {key: clean(value) for key, value in metrics.items()}
+    atomic_write_text(run_dir / METRICS_FILE, json.dumps(payload, indent=2, sort_keys=True) + "\n")
+
+
+def _finish(
+    session: Session | None, info: DistInfo, run_dir: Path, metrics: dict[str, Any]
+) -> None:
+    if metrics["status"] != "ok":  # not reduced over ranks: this rank's own count
+        metrics["skipped_files"] = skipped_files(metrics)
+    if info.is_main:
+        write_metrics(run_dir, metrics)
+    distributed.shutdown()
+    if session is not None:
+        session.logger.summary({k: v for k, v in metrics.items() if v is not None})
+        session.logger.finish(exit_code=0 if metrics["status"] == "ok" else 1)
+    log.info("metrics: %s", json.dumps(metrics, sort_keys=True))
