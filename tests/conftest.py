@@ -83,19 +83,19 @@ def folder_index(root: Path):
     return discover(cfg)
 
 
-def cpu_spec(split, train: bool, **overrides):
-    """A small LoaderSpec on the CPU; keyword arguments override its fields."""
+def cpu_spec(split, train: bool, loader: str = "torchvision", **overrides):
+    """A small LoaderSpec on the CPU for ``loader``; keyword arguments override the fields of
+    the spec or of the loader's typed settings (``cache_dir=...``, ``decoder=...``)."""
+    from dataclasses import fields
+
     import torch
 
-    from loaderbench.loaders import LoaderSpec
+    from loaderbench.loaders import LoaderSpec, settings_class
 
-    fields = {
-        "split": split,
-        "train": train,
-        "image_size": 32,
-        "device": torch.device("cpu"),
-        "batch_size": 5,
-        "num_workers": 1,
-        "prefetch": 2,
-    }
-    return LoaderSpec(**{**fields, **overrides})
+    settings_type = settings_class(loader)
+    keys = {f.name for f in fields(settings_type)}
+    settings = {"batch_size": 5, "num_workers": 1, "prefetch": 2}
+    settings.update({k: v for k, v in overrides.items() if k in keys})
+    spec = {"split": split, "train": train, "image_size": 32, "device": torch.device("cpu")}
+    spec.update({k: v for k, v in overrides.items() if k not in keys})
+    return LoaderSpec(settings=settings_type(name=loader, **settings), **spec)

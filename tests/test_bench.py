@@ -1,11 +1,17 @@
-"""`make bench` in its quick mode: the report holds every loader, every peer and both limits."""
+"""`make bench` in its quick mode: the report holds a measured row for every loader, worker count
+and peer, its tables agree with the runs they come from (report.json, each sweep's summary.csv),
+its shares and ratios are computed from those rows, and it writes nothing into the repository."""
 
 from __future__ import annotations
 
+import csv
 import json
+import math
+import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -13,53 +19,187 @@ from tests.conftest import REPO
 
 pytestmark = pytest.mark.slow
 
+LOADERS = ("torchvision", "memmap", "spdl")
+CLASSIC, TUTORIAL = "classic (float in workers)", "tutorial tensorclass"
+TASKS = ("val", "train")
+WORKERS = 1
+# Half a unit of the last digit the report prints (images/s and shares: one decimal).
+ROUNDING = 0.05 + 1e-9
 
-def test_quick_benchmark_report(tmp_path: Path) -> None:
-    out = tmp_path / "bench"
+
+def run_quick_bench(out: Path) -> None:
+    args = ["--quick", "--out", str(out), "--workers", str(WORKERS), "--epochs", "2,1"]
     proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "loaderbench.bench",
-            "--quick",
-            "--out",
-            str(out),
-            "--workers",
-            "1",
-            "--epochs",
-            "2,1",
-        ],
+        [sys.executable, "-m", "loaderbench.bench", *args],
         cwd=REPO,
         capture_output=True,
         text=True,
         timeout=900,
     )
-    assert proc.returncode == 0, proc.stderr[-5000:]
-    report = (out / "report.md").read_text()
-    for needle in (
-        "CPU decode limit",
-        "plain thread pool",
-        "of the plain thread pool",
-        "memory-copy bandwidth",
-        "torchvision",
-        "memmap",
-        "spdl",
-        "classic (float in workers)",
-        "tutorial tensorclass",
-        "page cache: warm",
-    ):
-        assert needle in report, needle
-    assert (out / "report.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    report_json = json.loads((out / "report.json").read_text())
-    limit = report_json["decode_limit"]
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+
+
+@pytest.fixture(scope="module")
+def bench(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """One quick run: its folder, report.md's text and tables, report.json."""
+    out = tmp_path_factory.mktemp("bench")
+    repo_cache = REPO / "cache"
+    cache_before = repo_cache.exists()
+    run_quick_bench(out)
+    markdown = (out / "report.md").read_text()
+    return {
+        "out": out,
+        "repo_cache_appeared": repo_cache.exists() and not cache_before,
+        "md": markdown,
+        "limits": dict(table_rows(markdown, "| limit |")),
+        "rows": {
+            (r["pipeline"], r["loader"], int(r["workers"])): r
+            for r in map(dict, table_rows(markdown, "| pipeline |", named=True))
+        },
+        "json": json.loads((out / "report.json").read_text()),
+    }
+
+
+def table_rows(markdown: str, header_start: str, named: bool = False) -> list[Any]:
+    """The rows of the markdown table whose header line starts with ``header_start``: cell
+    lists, or (with ``named``) (column, cell) pairs."""
+    lines = markdown.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(header_start))
+    header = cells(lines[start])
+    rows = []
+    for line in lines[start + 2 :]:
+        if not line.startswith("|"):
+            break
+        rows.append(list(zip(header, cells(line), strict=True)) if named else cells(line))
+    return rows
+
+
+def cells(line: str) -> list[str]:
+    return [cell.strip() for cell in line.strip().strip("|").split("|")]
+
+
+def number(cell: str) -> float:
+    """A figure as the report prints it: '1,234.5', '12.3%', '998.1 images/s'."""
+    match = re.fullmatch(r"([\d,]+(?:\.\d+)?)%?(?: images/s)?", cell)
+    assert match, f"not a number: {cell!r}"
+    return float(match.group(1).replace(",", ""))
+
+
+def search(pattern: str, text: str) -> str:
+    """The first group of ``pattern`` in ``text``, which must hold it."""
+    match = re.search(pattern, text)
+    assert match, f"{pattern!r} not in {text!r}"
+    return match.group(1)
+
+
+def ips(bench: dict[str, Any], task: str, name: str, workers: int) -> float:
+    return number(bench["rows"][(task, name, workers)]["images/s"])
+
+
+def test_every_loader_worker_count_and_peer_is_a_measured_row(bench: dict[str, Any]) -> None:
+    expected = {(task, name, WORKERS) for task in TASKS for name in (*LOADERS, CLASSIC)}
+    expected |= {(task, TUTORIAL, 0) for task in TASKS}
+    assert set(bench["rows"]) == expected
+    for key, row in bench["rows"].items():
+        assert number(row["images/s"]) > 0, key
+        assert float(row["CPU s / 1k images"]) >= 0, key
+        assert 0 <= float(row["data wait"]) <= 1, key
+        assert not row["note"].startswith("failed"), (key, row["note"])
+        if key[1] == TUTORIAL:  # no limit: nothing it could be a share of
+            assert (row["share of limit"], row["limit"]) == ("-", "-"), key
+            continue
+        assert row["limit"] == ("memory copy" if key[1] == "memmap" else "CPU decode"), key
+        assert row["share of limit"].endswith("%") and number(row["share of limit"]) > 0, key
+
+
+def test_loader_rows_are_the_sweeps_figures(bench: dict[str, Any]) -> None:
+    by_key = {(r["pipeline"], r["name"], r["workers"]): r for r in bench["json"]["rows"]}
+    assert set(by_key) == set(bench["rows"])
+    for task in TASKS:
+        # --quick runs every sweep once, so each loader row is its one run's figures.
+        with open(bench["out"] / "work" / task / "repeat0" / "summary.csv") as f:
+            runs = list(csv.DictReader(f))
+        assert {(r["loader"], int(r["num_workers"])) for r in runs} == {
+            (name, WORKERS) for name in LOADERS
+        }
+        for run in runs:
+            key = (task, run["loader"], WORKERS)
+            assert run["status"] == "ok", run
+            measured = float(run["images_per_s"])
+            assert by_key[key]["images_per_s"] == pytest.approx(measured, rel=1e-9)
+            assert by_key[key]["cpu_s_per_1k_images"] == pytest.approx(
+                float(run["cpu_s_per_1k_images"]), rel=1e-9
+            )
+            assert abs(ips(bench, *key) - measured) <= ROUNDING, key
+
+
+def test_limits_and_shares_are_computed_from_the_measurements(bench: dict[str, Any]) -> None:
+    limit = bench["json"]["decode_limit"]
     # Measured over every val image the loaders read (4 classes x 24 in quick mode).
     assert {r["images"] for r in limit["rates"]} == {96} and limit["pool"]["images"] == 96
+    best = max(limit["rates"], key=lambda r: r["images_per_s"])
+    assert limit["best"] == best["name"] and best["images_per_s"] > 0
+    assert limit["limit_images_per_s"] == pytest.approx(limit["cores"] * best["images_per_s"])
     assert limit["pool"]["images_per_s"] > 0
-    rows = report_json["rows"]
-    pipelines = {(r["pipeline"], r["name"]) for r in rows}
-    for task in ("val", "train"):
-        for name in ("torchvision", "memmap", "spdl", "tutorial tensorclass"):
-            assert (task, name) in pipelines
-    loaders = [r for r in rows if r["name"] in ("torchvision", "memmap", "spdl")]
-    assert all(r["images_per_s"] and r["images_per_s"] > 0 for r in loaders)
-    assert all(r["share"] and r["share"] > 0 for r in loaders)
+    # The markdown limits table says the same.
+    decode_label = f"CPU decode limit ({limit['cores']} cores x {limit['best']})"
+    decode = number(bench["limits"][decode_label])
+    assert abs(decode - limit["limit_images_per_s"]) <= ROUNDING
+    single_core = [
+        number(value) for label, value in bench["limits"].items() if label.startswith("single")
+    ]
+    assert len(single_core) == len(limit["rates"])
+    assert abs(decode - limit["cores"] * max(single_core)) <= (limit["cores"] + 1) * ROUNDING
+    copy_cell = bench["limits"]["memory-copy bandwidth"]
+    copy_ips = number(search(r"= ([\d,]+) images/s", copy_cell))
+    for (task, name, workers), row in bench["rows"].items():
+        if name == TUTORIAL:
+            continue
+        limit_ips = copy_ips if name == "memmap" else decode
+        share = 100 * ips(bench, task, name, workers) / limit_ips
+        assert math.isclose(number(row["share of limit"]), share, rel_tol=1e-2, abs_tol=0.06)
+
+
+def ratio_parts(line: str) -> dict[str, float]:
+    """'- val, 1 workers, vs torchvision: memmap 80.1x, spdl 2.0x' -> {'memmap': 80.1, ...}."""
+    parts = line.split(": ", 1)[1].split(", ")
+    return {name: float(value[:-1]) for name, value in (p.rsplit(" ", 1) for p in parts)}
+
+
+def close_ratio(printed: float, numerator: float, denominator: float) -> bool:
+    """``printed`` (one decimal) is numerator / denominator, both read from the table."""
+    ratio = numerator / denominator
+    table_error = ratio * (ROUNDING / numerator + ROUNDING / denominator)
+    return abs(printed - ratio) <= ROUNDING + table_error
+
+
+def test_ratios_are_computed_from_the_rows(bench: dict[str, Any]) -> None:
+    lines = bench["md"].split("## Ratios at the same worker count", 1)[1].splitlines()
+    for task in TASKS:
+        prefix = f"- {task}, {WORKERS} workers, vs torchvision: "
+        [line] = [line for line in lines if line.startswith(prefix)]
+        parts = ratio_parts(line)
+        assert set(parts) == {"memmap", "spdl", CLASSIC}
+        base = ips(bench, task, "torchvision", WORKERS)
+        for name, printed in parts.items():
+            assert close_ratio(printed, ips(bench, task, name, WORKERS), base), (line, name)
+        [line] = [line for line in lines if line.startswith(f"- {task}: memmap (best) vs")]
+        printed = float(line.rsplit(" ", 1)[1][:-1])
+        memmap, tutorial = ips(bench, task, "memmap", WORKERS), ips(bench, task, TUTORIAL, 0)
+        assert close_ratio(printed, memmap, tutorial), line
+    [line] = [line for line in lines if line.startswith(f"- val, spdl at {WORKERS} workers: ")]
+    share = float(search(r": ([\d.]+)% of the CPU decode limit", line))
+    assert share == pytest.approx(number(bench["rows"][("val", "spdl", WORKERS)]["share of limit"]))
+
+
+def test_charts_are_written(bench: dict[str, Any]) -> None:
+    for name in ("report.png", "sweep_val.png", "sweep_train.png"):
+        assert (bench["out"] / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
+
+
+def test_everything_is_written_under_the_output_folder(bench: dict[str, Any]) -> None:
+    assert not bench["repo_cache_appeared"], "the bench built a memmap cache in the repository"
+    # The memmap runs built their caches in the report's work folder instead ...
+    assert any((bench["out"] / "work" / "cache").iterdir())
+    # ... and the tutorial loader's files went there too, removed once measured.
+    assert not any((bench["out"] / "work" / "tutorial").rglob("*.memmap"))

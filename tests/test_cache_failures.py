@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from loaderbench.loaders.memmap.cache import META_FILE, StorePolicy, cache_name, ensure_cache
 from loaderbench.images import load_rgb
+from loaderbench.loaders.memmap.cache import META_FILE, StorePolicy, cache_name, ensure_cache
 from loaderbench.transforms import pil_val_transform
 from tests.conftest import REPO, folder_index
 
@@ -167,6 +167,7 @@ def in_tmpfs(tmp_path: Path, shell: str) -> list[dict]:
     return [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not CAN_MOUNT, reason=NO_MOUNT_REASON)
 def test_a_disk_that_fills_during_the_build_fails_at_once_and_leaves_nothing(
     tiny_root: Path, tmp_path: Path
@@ -180,6 +181,7 @@ def test_a_disk_that_fills_during_the_build_fails_at_once_and_leaves_nothing(
     assert rebuilt == {"entries": [f".{name}.lock", name], "built": True, "images": 12}
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not CAN_MOUNT, reason=NO_MOUNT_REASON)
 def test_a_read_only_cache_dir_serves_its_caches_and_names_the_key_for_a_new_one(
     tiny_root: Path, tmp_path: Path

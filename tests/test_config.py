@@ -9,7 +9,8 @@ from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
-import loaderbench.config  # noqa: F401
+from loaderbench.config import NAMED_MODELS
+from loaderbench.loaders import loader_names, settings_class
 from loaderbench.validation import ConfigError, validate_config
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
@@ -26,7 +27,11 @@ REQUIRED = {
 
 
 def options(group: str) -> list[str]:
-    return sorted(p.stem for p in (CONF / group).glob("*.yaml"))
+    """A group's YAML files, and for `model` the timm names registered in loaderbench.config."""
+    names = {p.stem for p in (CONF / group).glob("*.yaml")}
+    if group == "model":
+        names |= set(NAMED_MODELS)
+    return sorted(names)
 
 
 def compose_cfg(config: str, overrides: list[str]):
@@ -41,6 +46,8 @@ def test_every_option_composes(config: str, group: str, option: str) -> None:
     cfg = compose_cfg(config, [f"{group}={option}", *extra])
     if group == "device":
         assert cfg.device.type == option
+    elif (group, option) == ("model", "timm"):
+        assert cfg.model.name == "resnet18"
     else:
         assert cfg[group].name == option
     OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
@@ -98,3 +105,25 @@ def test_an_unknown_decoder_is_refused_naming_the_choices() -> None:
     cfg = compose_cfg("train", ["loader=spdl", "loader.decoder=nvdec"])
     with pytest.raises(ConfigError, match=r"loader\.decoder must be one of .*'ffmpeg'.*'nvdec'"):
         validate_config(cfg)
+
+
+@pytest.mark.parametrize("name", loader_names())
+def test_a_loader_gets_its_typed_settings_once_with_the_schema_defaults(name: str) -> None:
+    cfg = compose_cfg("train", [f"loader={name}", "loader.batch_size=7"])
+    settings = validate_config(cfg)
+    schema = settings_class(name)
+    assert type(settings) is schema and settings.name == name and settings.batch_size == 7
+    # Every other key holds the schema's default: the YAML only picks the schema.
+    defaults = schema(name=name, batch_size=7)
+    assert settings == defaults
+
+
+def test_loader_packages_are_the_loaders() -> None:
+    assert set(loader_names()) == {"memmap", "spdl", "torchvision"}
+    assert set(options("loader")) == set(loader_names())
+
+
+def test_a_timm_architecture_by_name() -> None:
+    cfg = compose_cfg("train", ["model=timm", "model.name=convnext_atto"])
+    assert cfg.model.name == "convnext_atto" and cfg.model.pretrained is False
+    assert compose_cfg("train", ["model=resnet50"]).model.name == "resnet50"

@@ -43,9 +43,11 @@ def epoch_images(name: str, split, rank: int, world: int, tmp_path: Path, train:
         batch_size=4,
         rank=rank,
         world_size=world,
-        options={"cache_dir": str(tmp_path / "cache"), "on_error": "raise"},
+        loader=name,
+        on_error="raise",
+        **({"cache_dir": str(tmp_path / "cache")} if name == "memmap" else {}),
     )
-    loader = build_loader(name, spec)
+    loader = build_loader(spec)
     try:
         batches = list(loader)
     finally:

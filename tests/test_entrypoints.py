@@ -44,7 +44,9 @@ def test_train_writes_metrics_checkpoint_and_wandb(trained: tuple[Path, dict]) -
     assert CONTRACT_KEYS | {"top1", "top5", "loss", "epochs"} <= metrics.keys()
     assert metrics["status"] == "ok" and metrics["epochs"] == 2
     assert metrics["images"] == 2 * (160 // 16) * 16
-    assert 0.0 <= metrics["top1"] <= metrics["top5"] <= 1.0
+    # 4 classes: every label is in the top 5; top1 is a count of the 40 val images.
+    assert metrics["top5"] == 1.0 and metrics["val_size"] == 40
+    assert metrics["top1"] * 40 == pytest.approx(round(metrics["top1"] * 40), abs=1e-9)
     assert metrics["images_per_s"] > 0 and 0.0 <= metrics["data_wait_frac"] <= 1.0
     assert metrics["cpu_s_per_1k_images"] > 0 and metrics["peak_rss_mb"] > 100
     assert (run_dir / ".hydra" / "config.yaml").is_file()

@@ -13,8 +13,8 @@ from omegaconf import OmegaConf
 
 from loaderbench.config import DatasetConfig
 from loaderbench.data import DatasetIndex, discover
-from loaderbench.loaders import LoaderSpec, build_loader
-from tests.conftest import run_entry, single_run
+from loaderbench.loaders import build_loader
+from tests.conftest import cpu_spec, run_entry, single_run
 
 pytestmark = pytest.mark.filterwarnings(
     "ignore:The image decoding and encoding capabilities of TorchVision:DeprecationWarning"
@@ -60,16 +60,8 @@ def test_file_list_labels_match_image_folder_labels(tiny_root: Path, tmp_path: P
 @pytest.mark.parametrize("loader_name", ["torchvision", "spdl"])
 def test_loaders_read_file_list_splits(tiny_root: Path, tmp_path: Path, loader_name: str) -> None:
     index = flist_index(tiny_root, *write_file_lists(tiny_root, tmp_path))
-    spec = LoaderSpec(
-        split=index.val,
-        train=False,
-        image_size=32,
-        device=torch.device("cpu"),
-        batch_size=4,
-        num_workers=1,
-        options={"on_error": "raise"},
-    )
-    loader = build_loader(loader_name, spec)
+    spec = cpu_spec(index.val, False, loader=loader_name, batch_size=4, on_error="raise")
+    loader = build_loader(spec)
     try:
         labels = torch.cat([b.labels for b in loader]).tolist()
     finally:

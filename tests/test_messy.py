@@ -139,12 +139,16 @@ def pixel_limit():
     set_max_pixels(DEFAULT_MAX_PIXELS)
 
 
+def memmap_cache(loader: str, tmp_path: Path) -> dict[str, str]:
+    return {"cache_dir": str(tmp_path / "cache")} if loader == "memmap" else {}
+
+
 def val_pixels(loader: str, root: Path, tmp_path: Path, **options: object) -> torch.Tensor:
     """Every image the loader yields for the val split, in order (each broken file skipped)."""
     split = folder_index(root).val
-    options = {"on_error": "skip", "cache_dir": str(tmp_path / "cache"), **options}
-    spec = cpu_spec(split, False, image_size=SIZE, batch_size=4, options=options)
-    with build_loader(loader, spec) as built:
+    options = {"on_error": "skip", **memmap_cache(loader, tmp_path), **options}
+    spec = cpu_spec(split, False, loader=loader, image_size=SIZE, batch_size=4, **options)
+    with build_loader(spec) as built:
         images = torch.cat([batch.images for batch in built])
         assert built.stats()["skipped_files"] == len(BROKEN), loader
     return images
@@ -191,9 +195,9 @@ def test_a_file_that_cannot_be_opened_is_skipped_and_named(
         shutil.copyfile(split.paths[0], bad)
         bad.chmod(0)
     split = Split("val", (*split.paths, str(bad)), (*split.labels, 0))
-    options = {"on_error": "skip", "cache_dir": str(tmp_path / "cache")}
-    spec = cpu_spec(split, False, image_size=SIZE, batch_size=4, options=options)
-    with build_loader(loader, spec) as built:
+    options = {"on_error": "skip", **memmap_cache(loader, tmp_path)}
+    spec = cpu_spec(split, False, loader=loader, image_size=SIZE, batch_size=4, **options)
+    with build_loader(spec) as built:
         assert sum(len(batch.labels) for batch in built) == len(split) - 1
         assert built.stats()["skipped_files"] == 1
     assert str(bad) in caplog.text

@@ -73,6 +73,7 @@ def test_loop_meter_calls_sync() -> None:
     assert len(calls) == 6  # once when a batch arrives, once after each step
 
 
+@pytest.mark.slow
 def test_process_tree_counts_children_cpu_and_memory() -> None:
     with ProcessTreeMonitor(interval_s=0.05) as monitor:
         idle_rss = monitor.peak_rss_bytes

@@ -24,7 +24,14 @@ def test_evict_drops_a_file_from_the_page_cache(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_cold_run_is_labelled(tiny_root: Path, tmp_path: Path) -> None:
+def test_cold_run_evicts_the_dataset_first(tiny_root: Path, tmp_path: Path) -> None:
+    """eval.py evicts train and val images, then reads only val: the train images, read just
+    before the run, are out of the page cache after it."""
+    train_files = sorted(p for p in (tiny_root / "train").rglob("*") if p.is_file())
+    assert len(train_files) == 24
+    for path in train_files:
+        path.read_bytes()
+    assert min(resident_fraction(p) for p in train_files) > 0.9  # warm before the run
     run_entry(
         "eval.py",
         "model=none",
@@ -35,3 +42,5 @@ def test_cold_run_is_labelled(tiny_root: Path, tmp_path: Path) -> None:
         cwd=tmp_path,
     )
     assert single_run(tmp_path, "eval")[1]["page_cache"] == "cold"
+    resident = {p.name: resident_fraction(p) for p in train_files}
+    assert max(resident.values()) < 0.1, resident

@@ -12,20 +12,20 @@ import torch
 from omegaconf import OmegaConf
 from PIL import Image
 
-from loaderbench import decoders
 from loaderbench.config import DatasetConfig
 from loaderbench.data import DatasetIndex, Split, discover
+from loaderbench.images import load_rgb
 from loaderbench.loaders import LoaderSpec, build_loader
 from loaderbench.loaders.base import epoch_permutation, shard_indices
+from loaderbench.loaders.spdl import decoders
 from loaderbench.loaders.spdl.decoders import (
     Geometry,
     apply_plan,
     ffmpeg_filter,
-    train_plans,
     val_plan,
 )
 from loaderbench.loaders.spdl.loader import SpdlLoader, epoch_samples
-from loaderbench.transforms import load_rgb, pil_val_transform
+from loaderbench.transforms import pil_val_transform, seeded_crops
 from tests.conftest import cpu_spec, run_entry, single_run
 
 # torchvision 0.29 deprecates its codecs (the decoders filter it; pytest resets the filters).
@@ -45,14 +45,8 @@ def index_of(root: Path) -> DatasetIndex:
 
 
 def spec(split: Split, train: bool, decoder: str = "turbo", **kwargs) -> LoaderSpec:
-    options = {
-        "decoder": decoder,
-        "on_error": kwargs.pop("on_error", "skip"),
-        "timeout_s": kwargs.pop("timeout_s", 60.0),
-    }
-    return cpu_spec(
-        split, train, **{"image_size": 64, "num_workers": 2, "options": options, **kwargs}
-    )
+    fields = {"decoder": decoder, "timeout_s": 60.0, "image_size": 64, "num_workers": 2}
+    return cpu_spec(split, train, loader="spdl", **{**fields, **kwargs})
 
 
 def spdl_threads() -> set[threading.Thread]:
@@ -99,7 +93,7 @@ def test_epoch_yields_every_image_once_labels_intact_new_order(
     index = index_of(colour_root)
     split = index.train
     colour_of_path = {p: int(Path(p).stem.split("_")[1]) for p in split.paths}
-    loader = build_loader("spdl", spec(split, train=True, decoder=decoder, batch_size=4))
+    loader = build_loader(spec(split, train=True, decoder=decoder, batch_size=4))
     orders = []
     try:
         assert len(loader) == 6
@@ -126,7 +120,7 @@ def test_epoch_yields_every_image_once_labels_intact_new_order(
 
 def test_val_keeps_the_split_order_and_the_short_last_batch(tiny_root: Path) -> None:
     index = index_of(tiny_root)
-    loader = build_loader("spdl", spec(index.val, train=False))
+    loader = build_loader(spec(index.val, train=False))
     try:
         batches = list(loader)
         assert [len(b.labels) for b in batches] == [5, 5, 2] and len(loader) == 3
@@ -146,11 +140,8 @@ def test_epoch_samples_shard_the_epoch_like_every_loader(tiny_root: Path) -> Non
         s.path == split.paths[s.index] and s.label == split.labels[s.index]
         for s in parts[0] + parts[1]
     )
-    # Augmentation seeds differ per image and per epoch.
-    again = list(epoch_samples(spec(split, train=True), epoch=2))
-    assert len({s.seed for s in again}) == len(again)
-    first = {s.index: s.seed for s in epoch_samples(spec(split, train=True), epoch=1)}
-    assert all(first[s.index] != s.seed for s in again if s.index in first)
+    # Each sample carries its epoch, which with its index seeds its augmentation.
+    assert {s.epoch for s in epoch_samples(spec(split, train=True), epoch=2)} == {2}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -184,7 +175,6 @@ def assert_matches_reference(root: Path, decoder: str, size: int, device: str = 
     reference = pil_val_transform(size)
     expected = torch.stack([reference(load_rgb(p)) for p in index.val.paths])
     loader = build_loader(
-        "spdl",
         spec(index.val, train=False, decoder=decoder, image_size=size, device=torch.device(device)),
     )
     try:
@@ -218,11 +208,21 @@ def test_val_geometry_is_resize_short_side_then_centre_crop() -> None:
     assert "pad" not in text and text.endswith("format=pix_fmts=rgb24")
 
 
+def opened(sizes: list[tuple[int, int]], epoch: int = 0) -> list[decoders.Opened]:
+    """Images of (height, width) as the decode stage sees them after reading their headers."""
+    return [
+        decoders.Opened(decoders.Sample(i, f"{i}.jpg", 0, epoch), h, w, None)
+        for i, (h, w) in enumerate(sizes)
+    ]
+
+
 def test_train_crops_are_seeded_rrc_boxes_of_the_true_sizes() -> None:
     sizes = [(375, 500), (500, 333), (90, 120)] * 70
-    plans = train_plans(sizes, 64, seed=11)
-    assert plans == train_plans(sizes, 64, seed=11)  # reproducible per batch seed
-    assert plans != train_plans(sizes, 64, seed=12)
+    geometry = Geometry(64, train=True, seed=11)
+    plans = geometry.plans(opened(sizes))
+    assert plans == geometry.plans(opened(sizes))  # reproducible from (seed, epoch, image)
+    assert plans != Geometry(64, train=True, seed=12).plans(opened(sizes))
+    assert plans != geometry.plans(opened(sizes, epoch=1))
     for (height, width), plan in zip(sizes, plans, strict=True):
         top, left, h, w = plan.box
         assert 0 <= top and 0 <= left and top + h <= height and left + w <= width
@@ -232,10 +232,12 @@ def test_train_crops_are_seeded_rrc_boxes_of_the_true_sizes() -> None:
     assert 60 < flips < 150
     image = torch.arange(3 * 375 * 500, dtype=torch.int64).reshape(3, 375, 500).to(torch.uint8)
     assert apply_plan(image, plans[0]).shape == (3, 64, 64)
-    assert Geometry(64, train=True).plans(sizes, 7) == train_plans(sizes, 64, 7)
+    # The shared sampler, the same boxes the other loaders draw for these images.
+    boxes, _ = seeded_crops([h for h, _ in sizes], [w for _, w in sizes], 11, 0, range(210))
+    assert [plan.box for plan in plans] == [tuple(b) for b in boxes.tolist()]
     # augment.scale / augment.ratio reach the sampler: the whole 4:3 image, only.
     whole = Geometry(64, train=True, scale=(1.0, 1.0), ratio=(4 / 3, 4 / 3))
-    assert {plan.box for plan in whole.plans([(375, 500)] * 5, 3)} == {(0, 0, 375, 500)}
+    assert {plan.box for plan in whole.plans(opened([(375, 500)] * 5))} == {(0, 0, 375, 500)}
 
 
 @pytest.mark.parametrize("decoder", CPU_DECODERS)
@@ -243,7 +245,7 @@ def test_train_pipeline_is_reproducible(tiny_root: Path, decoder: str) -> None:
     split = index_of(tiny_root).train
 
     def first_epoch() -> torch.Tensor:
-        loader = build_loader("spdl", spec(split, train=True, decoder=decoder))
+        loader = build_loader(spec(split, train=True, decoder=decoder))
         try:
             return torch.cat([b.images for b in loader])
         finally:
@@ -282,7 +284,7 @@ BAD_FILES = {"zz_truncated.JPEG", "zz_empty.JPEG", "zz_text.JPEG"}
 @pytest.mark.timeout(120)
 def test_unreadable_files_are_skipped_and_counted(damaged_root: Path, decoder: str) -> None:
     index = index_of(damaged_root)
-    loader = build_loader("spdl", spec(index.val, train=False, decoder=decoder))
+    loader = build_loader(spec(index.val, train=False, decoder=decoder))
     try:
         labels = torch.cat([b.labels for b in loader])
     finally:
@@ -302,7 +304,7 @@ def test_unreadable_file_raises_naming_it(damaged_root: Path, decoder: str, bad:
         "val", tuple(index.val.paths[i] for i in keep), tuple(index.val.labels[i] for i in keep)
     )
     before = spdl_threads()
-    loader = build_loader("spdl", spec(split, train=False, decoder=decoder, on_error="raise"))
+    loader = build_loader(spec(split, train=False, decoder=decoder, on_error="raise"))
     with pytest.raises(OSError, match=f"cannot decode image .*{bad}"):
         for _ in loader:
             pass
@@ -310,12 +312,16 @@ def test_unreadable_file_raises_naming_it(damaged_root: Path, decoder: str, bad:
     assert spdl_threads() <= before
 
 
-def test_unknown_decoder_and_on_error_are_refused(tiny_root: Path) -> None:
-    split = index_of(tiny_root).val
-    with pytest.raises(ValueError, match="loader.decoder='nope'.*ffmpeg"):
-        build_loader("spdl", spec(split, train=False, decoder="nope"))
-    with pytest.raises(ValueError, match="dataset.on_error"):
-        build_loader("spdl", spec(split, train=False, on_error="ignore"))
+def test_spdl_settings_refuse_an_unknown_decoder_and_timeout() -> None:
+    from loaderbench.loaders.settings import failed_checks
+    from loaderbench.loaders.spdl.settings import Settings
+
+    assert failed_checks(Settings(name="spdl").checks()) == []
+    problems = failed_checks(Settings(name="spdl", decoder="nope", timeout_s=0.0).checks())
+    assert problems == [
+        "loader.decoder must be one of ['ffmpeg', 'nvjpeg', 'turbo'], got 'nope'",
+        "loader.timeout_s must be > 0 or null, got 0.0",
+    ]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -326,7 +332,7 @@ def test_unknown_decoder_and_on_error_are_refused(tiny_root: Path) -> None:
 def test_no_thread_outlives_the_loader(tiny_root: Path) -> None:
     index = index_of(tiny_root)
     before = spdl_threads()
-    loader = build_loader("spdl", spec(index.train, train=True, num_workers=3))
+    loader = build_loader(spec(index.train, train=True, num_workers=3))
     for epoch in range(2):
         loader.set_epoch(epoch)
         assert sum(len(b.labels) for b in loader) == 20
@@ -343,7 +349,7 @@ def test_no_thread_outlives_the_loader(tiny_root: Path) -> None:
     assert spdl_threads() <= before
     del iterator
 
-    with build_loader("spdl", spec(index.val, train=False)) as val_loader:
+    with build_loader(spec(index.val, train=False)) as val_loader:
         for _ in val_loader:
             break  # abandoned mid-epoch: the generator's cleanup stops the pipeline
         assert spdl_threads() <= before
@@ -354,8 +360,7 @@ def test_no_thread_outlives_the_loader(tiny_root: Path) -> None:
 def test_a_pipeline_per_epoch_when_not_persistent(tiny_root: Path) -> None:
     index = index_of(tiny_root)
     before = spdl_threads()
-    options = {"decoder": "turbo", "persistent": False, "timeout_s": 60.0}
-    loader = build_loader("spdl", cpu_spec(index.train, True, image_size=64, options=options))
+    loader = build_loader(spec(index.train, True, persistent=False))
     for epoch in range(2):
         loader.set_epoch(epoch)
         assert sum(len(b.labels) for b in loader) == 20
@@ -367,7 +372,7 @@ def test_a_pipeline_per_epoch_when_not_persistent(tiny_root: Path) -> None:
 def test_a_persistent_pipeline_serves_the_epoch_asked_for(colour_root: Path) -> None:
     """Reused across epochs, rebuilt when set_epoch jumps (resume) or repeats one."""
     split = index_of(colour_root).train
-    persistent = build_loader("spdl", spec(split, train=True, batch_size=4))
+    persistent = build_loader(spec(split, train=True, batch_size=4))
 
     def colours(loader, epoch: int) -> list[int]:
         loader.set_epoch(epoch)
@@ -375,7 +380,7 @@ def test_a_persistent_pipeline_serves_the_epoch_asked_for(colour_root: Path) -> 
 
     fresh = {}
     for epoch in (0, 1, 2, 5):
-        with build_loader("spdl", spec(split, train=True, batch_size=4)) as one_off:
+        with build_loader(spec(split, train=True, batch_size=4)) as one_off:
             fresh[epoch] = colours(one_off, epoch)
     try:
         for epoch in (0, 1, 2, 5, 5, 1):
@@ -385,7 +390,7 @@ def test_a_persistent_pipeline_serves_the_epoch_asked_for(colour_root: Path) -> 
 
 
 def test_stats_report_spdl_stage_figures(tiny_root: Path) -> None:
-    loader = build_loader("spdl", spec(index_of(tiny_root).val, train=False))
+    loader = build_loader(spec(index_of(tiny_root).val, train=False))
     for _ in loader:
         pass
     loader.close()
@@ -412,7 +417,7 @@ def test_stats_report_spdl_stage_figures(tiny_root: Path) -> None:
 def test_nvjpeg_without_cuda_fails_at_once_saying_so(tiny_root: Path) -> None:
     before = spdl_threads()
     with pytest.raises(RuntimeError, match="nvjpeg.*no CUDA device"):
-        build_loader("spdl", spec(index_of(tiny_root).val, train=False, decoder="nvjpeg"))
+        build_loader(spec(index_of(tiny_root).val, train=False, decoder="nvjpeg"))
     assert spdl_threads() <= before
 
 
@@ -439,7 +444,7 @@ def test_nvjpeg_batch_logic_runs_off_the_gpu(
 @pytest.mark.skipif(not HAS_CUDA, reason=NO_CUDA_REASON)
 def test_nvjpeg_refuses_a_cpu_run(tiny_root: Path) -> None:
     with pytest.raises(RuntimeError, match="device=cuda"):
-        build_loader("spdl", spec(index_of(tiny_root).val, train=False, decoder="nvjpeg"))
+        build_loader(spec(index_of(tiny_root).val, train=False, decoder="nvjpeg"))
 
 
 @pytest.mark.cuda
@@ -455,7 +460,7 @@ def test_nvjpeg_val_images_match_the_reference(tiny_root: Path, size: int) -> No
 def test_nvjpeg_train_epoch_on_the_gpu_and_skips_damaged(damaged_root: Path) -> None:
     index = index_of(damaged_root)
     loader = build_loader(
-        "spdl", spec(index.val, train=True, decoder="nvjpeg", device=torch.device("cuda"))
+        spec(index.val, train=True, decoder="nvjpeg", device=torch.device("cuda"))
     )
     try:
         batches = list(loader)
@@ -468,9 +473,7 @@ def test_nvjpeg_train_epoch_on_the_gpu_and_skips_damaged(damaged_root: Path) -> 
 @pytest.mark.cuda
 @pytest.mark.skipif(not HAS_CUDA, reason=NO_CUDA_REASON)
 def test_cpu_decode_transfers_to_the_gpu(tiny_root: Path) -> None:
-    loader = build_loader(
-        "spdl", spec(index_of(tiny_root).val, train=False, device=torch.device("cuda"))
-    )
+    loader = build_loader(spec(index_of(tiny_root).val, train=False, device=torch.device("cuda")))
     try:
         batches = list(loader)
     finally:
@@ -511,7 +514,7 @@ def test_a_failing_stage_ends_the_epoch_with_its_cause(
     """Not a bad file (those are Failures) but the stage itself raising: the consumer gets the
     error, not an epoch quietly short of a batch, and the threads are gone."""
     before = spdl_threads()
-    loader = build_loader("spdl", spec(index_of(tiny_root).val, train=False))
+    loader = build_loader(spec(index_of(tiny_root).val, train=False))
     real, calls = loader.decoder.decode_batch, []
 
     def fails_second(samples, pin):

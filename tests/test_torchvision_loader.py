@@ -9,18 +9,19 @@ from pathlib import Path
 import pytest
 import torch
 
+from loaderbench.images import load_rgb
 from loaderbench.loaders import LoaderSpec, build_loader
-from loaderbench.transforms import load_rgb, pil_val_transform
+from loaderbench.transforms import pil_val_transform
 from tests.conftest import cpu_spec, folder_index
 
 
 def spec(split, train: bool, **kwargs) -> LoaderSpec:
-    return cpu_spec(split, train, **kwargs)
+    return cpu_spec(split, train, loader="torchvision", **kwargs)
 
 
 def test_val_epoch_is_the_reference_pipeline_in_order(tiny_root: Path) -> None:
     index = folder_index(tiny_root)
-    loader = build_loader("torchvision", spec(index.val, train=False))
+    loader = build_loader(spec(index.val, train=False))
     try:
         batches = list(loader)
         assert len(batches) == len(loader) == 3  # 12 images, the last batch short
@@ -36,7 +37,7 @@ def test_val_epoch_is_the_reference_pipeline_in_order(tiny_root: Path) -> None:
 
 def test_train_epochs_drop_last_and_reshuffle(tiny_root: Path) -> None:
     index = folder_index(tiny_root)
-    loader = build_loader("torchvision", spec(index.train, train=True, num_workers=2))
+    loader = build_loader(spec(index.train, train=True, num_workers=2))
     try:
         orders = []
         for epoch in range(2):
@@ -56,9 +57,7 @@ def test_a_killed_worker_ends_the_epoch_with_its_cause(tiny_root: Path) -> None:
     """A worker process gone (the OOM killer, a segfault in a codec): an error naming it, not
     a hang; and close() still releases the rest."""
     index = folder_index(tiny_root)
-    loader = build_loader(
-        "torchvision", spec(index.train, train=True, num_workers=2, batch_size=2, prefetch=1)
-    )
+    loader = build_loader(spec(index.train, train=True, num_workers=2, batch_size=2, prefetch=1))
     iterator = iter(loader)
     next(iterator)
     workers = loader.dataloader._iterator._workers  # the live worker processes

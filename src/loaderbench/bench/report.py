@@ -3,8 +3,9 @@
 It runs, one after another so nothing competes for the cores:
 
 1. the limits that give the numbers a meaning: this machine's CPU decode limit (cores x the
-   single-core rate of the fastest JPEG decode + resize, ``bench_limits``) and its memory-copy
-   bandwidth (what a reader of uint8 images from RAM, the memmap loader, cannot beat);
+   single-core rate of the fastest JPEG decode + resize, ``loaderbench.bench.limits``) and its
+   memory-copy bandwidth (what a reader of uint8 images from RAM, the memmap loader, cannot
+   beat);
 2. the project's loaders with ``model=none`` (the loader benchmark), val and train pipelines,
    over a worker sweep: real ``eval.py`` / ``train.py --multirun`` runs, so the numbers are the
    ones users get;
@@ -13,6 +14,8 @@ It runs, one after another so nothing competes for the cores:
 
 It writes ``bench/report.md`` and ``bench/report.png``: each pipeline's images/s, its share of
 its limit, CPU seconds per 1000 images and data wait. ``--quick`` runs a small version (CI).
+Everything else the runs write (sweep folders, the memmap cache, the tutorial loader's files,
+the quick data set) goes to ``<out>/work``; only the full run's data set is shared, in ``data/``.
 
 A shared 2-core machine is noisy (the same run varies by 20-30% from one minute to the next), so
 every measurement, limits included, is the best of ``--repeats`` (2 by default): the sweeps run
@@ -58,6 +61,12 @@ class Options:
     root: Path | None = None
 
     @property
+    def work(self) -> Path:
+        """What the runs write besides the report: sweeps, the memmap cache, the tutorial's
+        files, the quick data set. Nothing is written under the repository but ``out``."""
+        return self.out / "work"
+
+    @property
     def spec(self) -> SyntheticSpec:
         if self.quick:
             return SyntheticSpec(num_classes=4, train_per_class=24, val_per_class=24)
@@ -101,10 +110,9 @@ def memory_copy_bandwidth(nbytes: int = 256 * 2**20, repeats: int = 5) -> float:
     return nbytes / best
 
 
-def run_sweep(opts: Options, root: Path, task: str, repeat: int = 0) -> list[dict[str, str]]:
-    """``model=none`` multirun of every loader over the worker counts; the summary's rows."""
+def sweep_command(opts: Options, root: Path, task: str, sweep_dir: Path) -> list[str]:
+    """The ``model=none`` multirun of every loader over the worker counts."""
     script = "eval.py" if task == "val" else "train.py"
-    sweep_dir = opts.out / "work" / task / f"repeat{repeat}"
     cmd = [
         sys.executable,
         str(REPO / script),
@@ -122,8 +130,22 @@ def run_sweep(opts: Options, root: Path, task: str, repeat: int = 0) -> list[dic
     ]
     if task == "train":
         cmd.append("augment.scale=[0.08,1.0]")
+    return cmd
+
+
+def run_sweep(opts: Options, root: Path, task: str, repeat: int = 0) -> list[dict[str, str]]:
+    """Run the sweep of ``task`` (val or train); the rows of its summary.
+
+    The runs start in the work folder, so what they write at a relative path lands there and
+    never in the repository: the memmap loader's cache above all (``loader.cache_dir=cache``
+    by default, hence ``<out>/work/cache``). A sweep over loaders cannot name the cache itself:
+    ``loader.cache_dir`` is a memmap key, which the other loaders' settings refuse.
+    """
+    sweep_dir = opts.work / task / f"repeat{repeat}"
+    cmd = sweep_command(opts, root, task, sweep_dir)
     print("$", " ".join(cmd[1:]), flush=True)
-    subprocess.run(cmd, cwd=REPO, check=True)
+    opts.work.mkdir(parents=True, exist_ok=True)
+    subprocess.run(cmd, cwd=opts.work, check=True)
     # The sweep's own summary plot, as README shows it.
     shutil.copyfile(sweep_dir / "summary.png", opts.out / f"sweep_{task}.png")
     with open(sweep_dir / "summary.csv") as f:
@@ -171,78 +193,93 @@ def loader_rows(
     return out
 
 
+def measure_loader(loader: Any, epochs: int, repeats: int) -> dict[str, Any]:
+    """The project's meter over ``epochs`` passes of ``loader``: the best of ``repeats``."""
+    results = [_measure_once(loader, epochs) for _ in range(repeats)]
+    return max(results, key=lambda result: result["images_per_s"] or 0.0)
+
+
+def _measure_once(loader: Any, epochs: int) -> dict[str, Any]:
+    from loaderbench.meters import CpuWindow, LoopMeter, ProcessTreeMonitor
+
+    meter = LoopMeter(warmup_batches=3)
+    with ProcessTreeMonitor() as monitor:
+        window = CpuWindow(monitor)
+        for _ in range(epochs):
+            with window:
+                for _ in meter.iterate(loader):
+                    pass
+    summary = meter.summary()
+    images = summary["images"] or 1
+    return {**summary, "cpu_s_per_1k_images": 1000 * window.cpu_s / images}
+
+
+def measured_row(task: str, name: str, workers: int, result: dict[str, Any], **kwargs: Any) -> Row:
+    """A row of a loader timed in this process (``kwargs``: its limit, a note)."""
+    return Row(
+        task,
+        name,
+        workers,
+        result["images_per_s"],
+        result["cpu_s_per_1k_images"],
+        result["data_wait_frac"],
+        result["ttfb_s"],
+        **kwargs,
+    )
+
+
+def classic_rows(opts: Options, split: Any, task: str, decode: DecodeLimit) -> list[Row]:
+    """The classic float pipeline at every worker count."""
+    from loaderbench.bench.peers import classic_loader
+
+    rows = []
+    for workers in opts.workers:
+        loader = classic_loader(split, opts.image_size, task == "train", opts.batch_size, workers)
+        result = measure_loader(loader, opts.epochs[task], opts.repeats)
+        rows.append(
+            measured_row(
+                task,
+                "classic (float in workers)",
+                workers,
+                result,
+                limit_name="CPU decode",
+                limit_images_per_s=decode.images_per_s,
+            )
+        )
+    return rows
+
+
+def tutorial_row(opts: Options, split: Any, task: str) -> Row:
+    """The tutorial's tensorclass loader, its files under the work folder (removed after)."""
+    from loaderbench.bench.peers import build_tutorial_tensorclass, tutorial_tensorclass_loader
+
+    train = task == "train"
+    prefix = opts.work / "tutorial" / task
+    data = build_tutorial_tensorclass(split, opts.image_size, train, max(opts.workers), prefix)
+    loader = tutorial_tensorclass_loader(data, opts.image_size, train, opts.batch_size)
+    result = measure_loader(loader, opts.epochs[task], opts.repeats)
+    del loader, data
+    shutil.rmtree(prefix, ignore_errors=True)
+    return measured_row(
+        task, "tutorial tensorclass", 0, result, note="single process; CPU float collate"
+    )
+
+
 def peer_rows(opts: Options, root: Path, decode: DecodeLimit) -> list[Row]:
     """The peers, timed in this process with the project's meter."""
     from omegaconf import OmegaConf
 
-    from loaderbench.bench.peers import (
-        build_tutorial_tensorclass,
-        classic_loader,
-        tutorial_tensorclass_loader,
-    )
     from loaderbench.config import DatasetConfig
     from loaderbench.data import discover
-    from loaderbench.meters import CpuWindow, LoopMeter, ProcessTreeMonitor
 
     cfg = OmegaConf.structured(DatasetConfig)
     cfg.name, cfg.root = "folder", str(root)
     index = discover(cfg)
     rows = []
-
-    def measure_once(loader: Any, task: str) -> dict[str, Any]:
-        meter = LoopMeter(warmup_batches=3)
-        with ProcessTreeMonitor() as monitor:
-            window = CpuWindow(monitor)
-            for _ in range(opts.epochs[task]):
-                with window:
-                    for _ in meter.iterate(loader):
-                        pass
-        summary = meter.summary()
-        images = summary["images"] or 1
-        return {**summary, "cpu_s_per_1k_images": 1000 * window.cpu_s / images}
-
-    def measure(loader: Any, task: str) -> dict[str, Any]:
-        results = [measure_once(loader, task) for _ in range(opts.repeats)]
-        return max(results, key=lambda result: result["images_per_s"] or 0.0)
-
     for task in ("val", "train"):
         split = index.val if task == "val" else index.train
-        train = task == "train"
-        for workers in opts.workers:
-            result = measure(
-                classic_loader(split, opts.image_size, train, opts.batch_size, workers), task
-            )
-            rows.append(
-                Row(
-                    task,
-                    "classic (float in workers)",
-                    workers,
-                    result["images_per_s"],
-                    result["cpu_s_per_1k_images"],
-                    result["data_wait_frac"],
-                    result["ttfb_s"],
-                    "CPU decode",
-                    decode.images_per_s,
-                )
-            )
-        data = build_tutorial_tensorclass(split, opts.image_size, train, max(opts.workers))
-        result = measure(
-            tutorial_tensorclass_loader(data, opts.image_size, train, opts.batch_size), task
-        )
-        rows.append(
-            Row(
-                task,
-                "tutorial tensorclass",
-                0,
-                result["images_per_s"],
-                result["cpu_s_per_1k_images"],
-                result["data_wait_frac"],
-                result["ttfb_s"],
-                "",
-                None,
-                "single process; CPU float collate",
-            )
-        )
+        rows += classic_rows(opts, split, task, decode)
+        rows.append(tutorial_row(opts, split, task))
     return rows
 
 
@@ -254,15 +291,9 @@ def _fmt(value: Any, digits: int = 1) -> str:
     return str(value)
 
 
-def write_report(
-    opts: Options,
-    rows: list[Row],
-    decode: DecodeLimit,
-    copy_bps: float,
-    image_bytes: int,
-    wall_s: float,
-) -> None:
-    lines = [
+def header_lines(opts: Options, wall_s: float) -> list[str]:
+    """The title and what was measured, on what."""
+    return [
         "# Benchmark report",
         "",
         f"Machine: {platform.machine()}, {usable_cores()} usable cores, Python "
@@ -274,11 +305,12 @@ def write_report(
         f"All runs `model=none` on the CPU, one after another; every figure is the best of "
         f"{opts.repeats} run(s); {wall_s:.0f} s in all.",
         "",
-        "## Limits",
-        "",
-        "| limit | value |",
-        "|---|---|",
     ]
+
+
+def limit_lines(decode: DecodeLimit, copy_bps: float, image_bytes: int) -> list[str]:
+    """The limits table: every decode candidate, the CPU decode limit, the pool, memory copy."""
+    lines = ["## Limits", "", "| limit | value |", "|---|---|"]
     for rate in sorted(decode.rates, key=lambda r: -r.images_per_s):
         lines.append(
             f"| single-core {rate.name} decode + resize | {rate.images_per_s:,.1f} images/s |"
@@ -293,9 +325,16 @@ def write_report(
             f"{decode.pool.images_per_s:,.1f} images/s = "
             f"{100 * decode.ratio(decode.pool.images_per_s):.1f}% of the CPU decode limit |"
         )
-    lines += [
+    lines.append(
         f"| memory-copy bandwidth | {copy_bps / 1e9:,.2f} GB/s = "
-        f"{copy_bps / image_bytes:,.0f} images/s of {image_bytes:,} bytes |",
+        f"{copy_bps / image_bytes:,.0f} images/s of {image_bytes:,} bytes |"
+    )
+    return lines
+
+
+def pipeline_lines(rows: list[Row]) -> list[str]:
+    """The pipelines table, one line a row."""
+    return [
         "",
         "## Pipelines",
         "",
@@ -305,15 +344,34 @@ def write_report(
         "| pipeline | loader | workers | images/s | share of limit | limit | CPU s / 1k images "
         "| data wait | ttfb s | note |",
         "|---|---|---|---|---|---|---|---|---|---|",
+        *(pipeline_line(row) for row in rows),
     ]
-    for row in rows:
-        lines.append(
-            f"| {row.pipeline} | {row.name} | {_fmt(row.workers)} | {_fmt(row.images_per_s)} | "
-            f"{_fmt(row.share and 100 * row.share)}{'%' if row.share else ''} | "
-            f"{row.limit_name or '-'} | {_fmt(row.cpu_s_per_1k_images, 2)} | "
-            f"{_fmt(row.data_wait_frac, 3)} | {_fmt(row.ttfb_s, 2)} | {row.note} |"
-        )
-    lines += ["", "## Ratios at the same worker count", ""]
+
+
+def pipeline_line(row: Row) -> str:
+    return (
+        f"| {row.pipeline} | {row.name} | {_fmt(row.workers)} | {_fmt(row.images_per_s)} | "
+        f"{_fmt(row.share and 100 * row.share)}{'%' if row.share else ''} | "
+        f"{row.limit_name or '-'} | {_fmt(row.cpu_s_per_1k_images, 2)} | "
+        f"{_fmt(row.data_wait_frac, 3)} | {_fmt(row.ttfb_s, 2)} | {row.note} |"
+    )
+
+
+def ratio_lines(opts: Options, rows: list[Row], decode: DecodeLimit) -> list[str]:
+    """The ratios section, every figure computed from the rows."""
+    return [
+        "",
+        "## Ratios at the same worker count",
+        "",
+        *vs_torchvision_lines(opts, rows),
+        *spdl_limit_lines(rows, decode),
+        *memmap_vs_tutorial_lines(rows),
+    ]
+
+
+def vs_torchvision_lines(opts: Options, rows: list[Row]) -> list[str]:
+    """Each pipeline's images/s over torchvision's, per task and worker count."""
+    lines = []
     for task in ("val", "train"):
         for workers in opts.workers:
             by_name = {r.name: r for r in rows if r.pipeline == task and r.workers == workers}
@@ -326,7 +384,13 @@ def write_report(
                 if name != "torchvision" and r.images_per_s
             ]
             lines.append(f"- {task}, {workers} workers, vs torchvision: {', '.join(parts)}")
-    # The decode limit and the pool are val work: read, decode, resize, crop.
+    return lines
+
+
+def spdl_limit_lines(rows: list[Row], decode: DecodeLimit) -> list[str]:
+    """spdl's val rows against the CPU decode limit and the plain pool (both val work: read,
+    decode, resize, crop)."""
+    lines = []
     for row in rows:
         if row.pipeline == "val" and row.name == "spdl" and row.images_per_s:
             pool = decode.pool_ratio(row.images_per_s)
@@ -335,6 +399,12 @@ def write_report(
                 f"{100 * decode.ratio(row.images_per_s):.1f}% of the CPU decode limit"
                 + (f", {100 * pool:.1f}% of the plain thread pool" if pool else "")
             )
+    return lines
+
+
+def memmap_vs_tutorial_lines(rows: list[Row]) -> list[str]:
+    """The fastest memmap row over the tutorial's tensorclass loader, per task."""
+    lines = []
     tutorial = {r.pipeline: r for r in rows if r.name == "tutorial tensorclass"}
     for task in ("val", "train"):
         memmap = [r for r in rows if r.pipeline == task and r.name == "memmap" and r.images_per_s]
@@ -344,18 +414,34 @@ def write_report(
                 f"- {task}: memmap (best) vs the tutorial's tensorclass loader: "
                 f"{best / tutorial[task].images_per_s:.1f}x"
             )
-    lines += ["", f"Command: `make bench{' BENCH_ARGS=--quick' if opts.quick else ''}`", ""]
+    return lines
+
+
+def write_report(
+    opts: Options,
+    rows: list[Row],
+    decode: DecodeLimit,
+    copy_bps: float,
+    image_bytes: int,
+    wall_s: float,
+) -> None:
+    """report.md, report.json and report.png in ``opts.out``."""
+    lines = [
+        *header_lines(opts, wall_s),
+        *limit_lines(decode, copy_bps, image_bytes),
+        *pipeline_lines(rows),
+        *ratio_lines(opts, rows, decode),
+        "",
+        f"Command: `make bench{' BENCH_ARGS=--quick' if opts.quick else ''}`",
+        "",
+    ]
     (opts.out / "report.md").write_text("\n".join(lines))
-    (opts.out / "report.json").write_text(
-        json.dumps(
-            {
-                "rows": [{**row.__dict__, "share": row.share} for row in rows],
-                "decode_limit": decode.as_dict(),
-                "memory_copy_bytes_per_s": copy_bps,
-            },
-            indent=1,
-        )
-    )
+    report = {
+        "rows": [{**row.__dict__, "share": row.share} for row in rows],
+        "decode_limit": decode.as_dict(),
+        "memory_copy_bytes_per_s": copy_bps,
+    }
+    (opts.out / "report.json").write_text(json.dumps(report, indent=1))
     plot_report(opts.out / "report.png", rows)
 
 
@@ -397,7 +483,7 @@ def plot_report(path: Path, rows: list[Row]) -> None:
     plt.close(fig)
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_options(argv: list[str] | None = None) -> Options:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=REPO / "bench")
     parser.add_argument("--quick", action="store_true", help="small data, for CI")
@@ -410,13 +496,12 @@ def main(argv: list[str] | None = None) -> int:
         "--repeats", type=int, default=None, help="best of this many runs (default 2; quick 1)"
     )
     args = parser.parse_args(argv)
-    cores = usable_cores()
     workers = (
         tuple(int(w) for w in args.workers.split(","))
         if args.workers
-        else tuple(sorted({1, cores}))
+        else tuple(sorted({1, usable_cores()}))
     )
-    opts = Options(
+    return Options(
         out=args.out.absolute(),
         quick=args.quick,
         image_size=args.image_size,
@@ -426,27 +511,41 @@ def main(argv: list[str] | None = None) -> int:
         drop_page_cache=args.drop_page_cache,
         repeats=max(1, args.repeats or (1 if args.quick else 2)),
     )
-    opts.out.mkdir(parents=True, exist_ok=True)
-    started = time.perf_counter()
-    root = ensure_synthetic(
-        opts.spec, (opts.out / "work" / "data") if opts.quick else REPO / "data"
-    )
-    opts.root = root
-    os.environ.setdefault("WANDB_MODE", "disabled")
 
+
+def measure_limits(opts: Options, root: Path) -> tuple[DecodeLimit, float]:
+    """The CPU decode limit over every val image the val pipelines read (the limit is a rate
+    on the same work), and the memory-copy bandwidth in bytes/s."""
     from loaderbench.data import scan_image_folder
 
     _, val_paths, _ = scan_image_folder(root / "val")
-    # The images the val pipelines read, all of them: the limit is a rate on the same work.
     decode = measure_decode_limit(val_paths, opts.image_size, repeats=opts.repeats)
     copy_bps = memory_copy_bandwidth(64 * 2**20 if opts.quick else 256 * 2**20)
-    image_bytes = 3 * opts.image_size * opts.image_size
+    return decode, copy_bps
+
+
+def measure_rows(
+    opts: Options, root: Path, decode: DecodeLimit, copy_images_per_s: float
+) -> list[Row]:
+    """The loaders' sweeps (best of the repeats), then the peers; val rows first."""
     rows: list[Row] = []
     for task in ("val", "train"):
         runs = [run for r in range(opts.repeats) for run in run_sweep(opts, root, task, r)]
-        rows += loader_rows(task, best_runs(runs), decode, copy_bps / image_bytes)
+        rows += loader_rows(task, best_runs(runs), decode, copy_images_per_s)
     rows += peer_rows(opts, root, decode)
     rows.sort(key=lambda r: (r.pipeline != "val", r.name, r.workers or 0))
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    opts = parse_options(argv)
+    opts.out.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    opts.root = ensure_synthetic(opts.spec, (opts.work / "data") if opts.quick else REPO / "data")
+    os.environ.setdefault("WANDB_MODE", "disabled")
+    decode, copy_bps = measure_limits(opts, opts.root)
+    image_bytes = 3 * opts.image_size * opts.image_size
+    rows = measure_rows(opts, opts.root, decode, copy_bps / image_bytes)
     write_report(opts, rows, decode, copy_bps, image_bytes, time.perf_counter() - started)
     print((opts.out / "report.md").read_text())
     return 0

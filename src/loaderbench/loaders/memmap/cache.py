@@ -390,6 +390,7 @@ def build_cache(
         shuffle=False,
         num_workers=num_workers,
         prefetch_factor=4 if num_workers > 0 else None,
+        generator=torch.Generator(),  # else DataLoader draws its worker seed from the global RNG
     )
     heights = torch.zeros(n, dtype=torch.int32)
     widths = torch.zeros(n, dtype=torch.int32)
