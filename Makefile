@@ -44,6 +44,7 @@ clean:
 	rm -rf outputs cache .pytest_cache
 
 # The benchmark report (bench/report.md, bench/report.png); BENCH_ARGS=--quick for a small run.
+# Its runs write under bench/work/ (sweeps, the memmap cache), never cache/ or outputs/.
 BENCH_ARGS ?=
 bench: install
 	$(PY) -m loaderbench.bench $(BENCH_ARGS)

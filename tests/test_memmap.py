@@ -55,7 +55,9 @@ def index_of(root: Path) -> DatasetIndex:
 
 
 def make_loader(split: Split, cache_dir: Path, train: bool, **kwargs: object) -> MemmapLoader:
+    # train_store_min_side=0: the store is exactly image_size * train_store_ratio here.
     fields: dict = {"cache_dir": str(cache_dir), "image_size": SIZE, "num_workers": 2}
+    fields["train_store_min_side"] = 0
     fields.update(kwargs)
     loader = build_loader(cpu_spec(split, train, loader="memmap", **fields))
     assert isinstance(loader, MemmapLoader)
