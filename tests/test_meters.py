@@ -6,6 +6,7 @@ import subprocess
 import sys
 import time
 
+import psutil
 import pytest
 import torch
 
@@ -75,22 +76,28 @@ def test_loop_meter_calls_sync() -> None:
 
 @pytest.mark.slow
 def test_process_tree_counts_children_cpu_and_memory() -> None:
+    child_code = (
+        "import sys, time\nb = bytearray(300 * 2**20)\nfor i in range(0, len(b), 4096): b[i] = 1\n"
+        "print('ready', flush=True)\nsys.stdin.readline()\n"
+        "t = time.process_time()\nwhile time.process_time() - t < 1.0: pass\n"
+    )
     with ProcessTreeMonitor(interval_s=0.05) as monitor:
-        idle_rss = monitor.peak_rss_bytes
         window = CpuWindow(monitor)
         with window:
             child = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-c",
-                    "import time\nb = bytearray(300 * 2**20)\nfor i in range(0, len(b), 4096): "
-                    "b[i] = 1\nt = time.process_time()\nwhile time.process_time() - t < 1.0: pass\n"
-                    "time.sleep(0.3)",
-                ]
+                [sys.executable, "-c", child_code],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                text=True,
             )
-            child.wait()
+            assert child.stdout.readline().strip() == "ready"
+            # Sampled while the child holds its 300 MB: the tree is this process and the child.
+            monitor.sample()
+            own = psutil.Process().memory_full_info().pss
+            child.communicate("go\n")
     assert window.cpu_s >= 0.8, window.cpu_s
-    assert monitor.peak_rss_bytes - idle_rss >= 250 * 2**20
+    assert monitor.peak_rss_bytes - own >= 280 * 2**20
+    assert monitor.peak_rss_bytes < own + 600 * 2**20  # the child's pages once, not per sample
 
 
 def test_cpu_window_excludes_time_outside() -> None:

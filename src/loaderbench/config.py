@@ -37,7 +37,9 @@ class DatasetConfig:
     name: str = MISSING
     # An ImageFolder tree with train/ and val/. Null means: generate the synthetic set.
     root: str | None = None
-    # Where the synthetic set is generated (relative paths are relative to the project root).
+    # Where the synthetic set is generated. Relative paths, here and in every key that names a
+    # file or folder (root, train_list, val_list, loader.cache_dir, checkpoint), are relative
+    # to the directory the command is run from.
     generated_dir: str = "data"
     synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
     # Per-split text files of relative image paths (ImageNet style); see loaderbench.data.

@@ -1,7 +1,8 @@
 """A run's set-up and finish, around whatever train.py or eval.py does in between.
 
 ``open_session`` runs the set-up steps in order, each a small function that takes what it
-needs and returns what it makes (``check``, ``start_process``, ``find_dataset``, ``start_logger``),
+needs and returns what it makes (``validate_config``, ``start_process``, ``find_dataset``,
+``prepare_page_cache``, ``start_logger``),
 hands the ``Session`` to the task, and whatever happens, finishes: ``metrics.json`` written
 (rank 0), W&B finished, the process group shut down. The task's steps return their numbers and
 the task records them with ``Session.record``, the only writer of the run's metrics.
@@ -118,11 +119,6 @@ class Session:
 
 # ---------------------------------------------------------------------------------------------
 # Set-up steps.
-
-
-def check(cfg: DictConfig) -> LoaderSettings:
-    """Every key checked before anything is started; the loader's typed settings."""
-    return validate_config(cfg)
 
 
 def start_process(cfg: DictConfig, info: DistInfo) -> tuple[torch.device, Precision]:
@@ -253,7 +249,7 @@ def _set_up(
     monitor: ProcessTreeMonitor,
     metrics: dict[str, Any],
 ) -> Session:
-    settings = check(cfg)
+    settings = validate_config(cfg)  # every key, before anything starts
     device, precision = start_process(cfg, info)
     metrics.update(world_size=info.world_size, device=str(device))
     dataset = find_dataset(cfg, settings, task, info.world_size)

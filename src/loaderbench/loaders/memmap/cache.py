@@ -353,6 +353,84 @@ def check_sample(folder: Path, data: ImageCache, meta: dict[str, Any]) -> None:
         )
 
 
+def allocate(dest: Path, split: Split, policy: StorePolicy) -> ImageCache:
+    """A new cache's files in ``dest``, every block reserved, the labels written."""
+    n = len(split)
+    # Shapes only (one element, expanded): memmap_like allocates the files, sparse, without
+    # ever holding the split in memory; unwritten bytes (the padding) read as zeros.
+    template = ImageCache(
+        images=torch.empty((1, *policy.image_shape()), dtype=torch.uint8).expand(n, -1, -1, -1),
+        labels=torch.empty(1, dtype=torch.int64).expand(n),
+        heights=torch.empty(1, dtype=torch.int32).expand(n),
+        widths=torch.empty(1, dtype=torch.int32).expand(n),
+        batch_size=[n],
+    )
+    cache = template.memmap_like(dest)
+    reserve_space(dest)
+    cache.labels.copy_(torch.tensor(split.labels, dtype=torch.int64))
+    return cache
+
+
+@dataclass
+class Decoded:
+    """What decoding every image into the mapped file left to record."""
+
+    heights: torch.Tensor
+    widths: torch.Tensor
+    skipped: list[dict[str, Any]]
+    decode_s: float  # worker start-up included
+    steady_images_per_s: float | None  # from the first chunk's arrival on
+
+
+def decode_into(
+    cache: ImageCache,
+    split: Split,
+    policy: StorePolicy,
+    num_workers: int,
+    skip_errors: bool,
+    progress: bool,
+) -> Decoded:
+    """Decode every image into the cache's image rows, in ``num_workers`` processes."""
+    n, started = len(split), time.perf_counter()
+    chunks = _BuildChunks(split, policy, str(cache.images.filename), n, skip_errors)
+    loader = DataLoader(
+        chunks,
+        batch_size=None,
+        shuffle=False,
+        num_workers=num_workers,
+        prefetch_factor=4 if num_workers > 0 else None,
+        generator=torch.Generator(),  # else DataLoader draws its worker seed from the global RNG
+    )
+    done = Decoded(
+        torch.zeros(n, dtype=torch.int32), torch.zeros(n, dtype=torch.int32), [], 0, None
+    )
+    first_at, first_count = 0.0, 0
+    bar = tqdm(
+        total=n,
+        desc=f"building memmap cache {cache.images.filename}",
+        unit="img",
+        dynamic_ncols=True,
+        disable=not progress or None,
+        file=sys.stderr,
+    )
+    with bar:
+        for start, sizes, errors in loader:
+            raise_if_stop_requested()
+            done.heights[start : start + len(sizes)] = sizes[:, 0]
+            done.widths[start : start + len(sizes)] = sizes[:, 1]
+            for index, message in errors:
+                log.warning("skipping unreadable image %s: %s", split.paths[index], message)
+                done.skipped.append({"index": index, "path": split.paths[index], "error": message})
+            bar.update(len(sizes))
+            if not first_count:
+                first_at, first_count = time.perf_counter(), len(sizes)
+    done.decode_s = time.perf_counter() - started
+    if n > first_count:
+        done.steady_images_per_s = (n - first_count) / (time.perf_counter() - first_at)
+    done.skipped.sort(key=lambda item: item["index"])
+    return done
+
+
 def build_cache(
     split: Split,
     policy: StorePolicy,
@@ -371,71 +449,24 @@ def build_cache(
     if n == 0:
         raise CacheError(f"split {split.name!r} has no images; nothing to cache in {dest}")
     started = time.perf_counter()
-    # Shapes only (one element, expanded): memmap_like allocates the files, sparse, without
-    # ever holding the split in memory; unwritten bytes (the padding) read as zeros.
-    template = ImageCache(
-        images=torch.empty((1, *policy.image_shape()), dtype=torch.uint8).expand(n, -1, -1, -1),
-        labels=torch.empty(1, dtype=torch.int64).expand(n),
-        heights=torch.empty(1, dtype=torch.int32).expand(n),
-        widths=torch.empty(1, dtype=torch.int32).expand(n),
-        batch_size=[n],
-    )
-    cache = template.memmap_like(dest)
-    reserve_space(dest)
-    cache.labels.copy_(torch.tensor(split.labels, dtype=torch.int64))
-    chunks = _BuildChunks(split, policy, str(cache.images.filename), n, skip_errors)
-    loader = DataLoader(
-        chunks,
-        batch_size=None,
-        shuffle=False,
-        num_workers=num_workers,
-        prefetch_factor=4 if num_workers > 0 else None,
-        generator=torch.Generator(),  # else DataLoader draws its worker seed from the global RNG
-    )
-    heights = torch.zeros(n, dtype=torch.int32)
-    widths = torch.zeros(n, dtype=torch.int32)
-    skipped: list[dict[str, Any]] = []
-    # Steady state, as the loop meters count it: from the first chunk's arrival (worker start-up
-    # and file allocation are paid once and reported in build_s).
-    first_at, first_count = 0.0, 0
-    with tqdm(
-        total=n,
-        desc=f"building memmap cache {name}",
-        unit="img",
-        dynamic_ncols=True,
-        disable=not progress or None,
-        file=sys.stderr,
-    ) as bar:
-        for start, sizes, errors in loader:
-            raise_if_stop_requested()
-            heights[start : start + len(sizes)] = sizes[:, 0]
-            widths[start : start + len(sizes)] = sizes[:, 1]
-            for index, message in errors:
-                log.warning("skipping unreadable image %s: %s", split.paths[index], message)
-                skipped.append({"index": index, "path": split.paths[index], "error": message})
-            bar.update(len(sizes))
-            if not first_count:
-                first_at, first_count = time.perf_counter(), len(sizes)
-    decode_s = time.perf_counter() - started
-    steady_s = time.perf_counter() - first_at
-    cache.heights.copy_(heights)
-    cache.widths.copy_(widths)
+    cache = allocate(dest, split, policy)
+    decoded = decode_into(cache, split, policy, num_workers, skip_errors, progress)
+    cache.heights.copy_(decoded.heights)
+    cache.widths.copy_(decoded.widths)
     integrity = {"sample": sample_digest(cache)}
-    del cache, template
+    del cache
     _fsync_tree(dest)
     integrity["files"] = file_sizes(dest)
-    build_s = time.perf_counter() - started
-    skipped.sort(key=lambda item: item["index"])
     return {
         "format_version": FORMAT_VERSION,
         "name": name,
         "split": split.name,
         "num_images": n,
-        "skipped": skipped,
+        "skipped": decoded.skipped,
         "build_workers": num_workers,
-        "build_s": build_s,
-        "build_images_per_s": n / decode_s,  # start-up included, fsync not
-        "build_steady_images_per_s": (n - first_count) / steady_s if n > first_count else None,
+        "build_s": time.perf_counter() - started,
+        "build_images_per_s": n / decoded.decode_s,  # start-up included, fsync not
+        "build_steady_images_per_s": decoded.steady_images_per_s,
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "integrity": integrity,
     }

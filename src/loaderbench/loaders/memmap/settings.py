@@ -11,7 +11,7 @@ from loaderbench.loaders.settings import Check, LoaderSettings
 
 @dataclass
 class Settings(LoaderSettings):
-    # Where caches live (relative paths: relative to the directory the run starts in).
+    # Where caches live (a relative path is relative to the directory the command runs from).
     cache_dir: str = "cache"
     # Train images are stored whole, aspect kept, shrunk (never enlarged) so that their long side
     # is at most round(image_size * train_store_ratio); the random-resized crop is taken from them
