@@ -41,7 +41,7 @@ format: install
 	$(VENV)/bin/ruff format .
 
 clean:
-	rm -rf outputs cache .pytest_cache
+	rm -rf outputs cache bench/work .pytest_cache
 
 # The benchmark report (bench/report.md, bench/report.png); BENCH_ARGS=--quick for a small run.
 # Its runs write under bench/work/ (sweeps, the memmap cache), never cache/ or outputs/.
