@@ -93,10 +93,14 @@ def test_bad_override_fails_naming_the_key(override: str, key: str) -> None:
         ("loader.num_workers=-1", "loader.num_workers"),
         ("loader.batch_size=0", "loader.batch_size"),
         ("dataset.on_error=ignore", "dataset.on_error"),
+        ("dataset.max_images=0", "dataset.max_images"),
+        ("dataset.max_image_pixels=0", "dataset.max_image_pixels"),
+        ("augment.scale=[0.5,0.1]", "augment.scale"),
+        ("loader=memmap loader.train_store_ratio=0.5", "loader.train_store_ratio"),
     ],
 )
 def test_validation_names_the_key(override: str, key: str) -> None:
-    cfg = compose_cfg("train", [override])
+    cfg = compose_cfg("train", override.split())
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
         validate_config(cfg)
 

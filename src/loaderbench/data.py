@@ -137,8 +137,6 @@ def _limit(split: Split, limit: int | None) -> Split:
     """At most ``limit`` images, spread evenly over the split (so every class keeps some)."""
     if limit is None or limit >= len(split):
         return split
-    if limit < 1:
-        raise DatasetError(f"dataset.max_images must be >= 1, got {limit}")
     keep = spread_indices(len(split), limit)
     return Split(
         split.name, tuple(split.paths[i] for i in keep), tuple(split.labels[i] for i in keep)

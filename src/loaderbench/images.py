@@ -43,8 +43,6 @@ class ImageTooLarge(OSError):
 def set_max_pixels(limit: int | None) -> None:
     """The pixel limit for this process (None: no limit)."""
     global _max_pixels
-    if limit is not None and limit < 1:
-        raise ValueError(f"dataset.max_image_pixels must be >= 1 or null, got {limit}")
     _max_pixels = limit
 
 

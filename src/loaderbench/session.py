@@ -3,8 +3,9 @@
 ``open_session`` runs the set-up steps in order, each a small function that takes what it
 needs and returns what it makes (``validate_config``, ``start_process``, ``find_dataset``,
 ``prepare_page_cache``, ``start_logger``), hands the ``Session`` to the task, and whatever
-happens, finishes: ``metrics.json`` written (rank 0), W&B finished, the process group shut down. The task's steps return their numbers and
-the task records them with ``Session.record``, the only writer of the run's metrics.
+happens, finishes: ``metrics.json`` written (rank 0), W&B finished, the process group shut
+down. The task's steps return their numbers and the task records them with
+``Session.record``, the only writer of the run's metrics.
 """
 
 from __future__ import annotations

@@ -50,6 +50,11 @@ def _run_checks(cfg: DictConfig) -> list[Check]:
             bench.max_batches,
         ),
         (
+            dataset.max_images is None or dataset.max_images >= 1,
+            "dataset.max_images must be >= 1 or null",
+            dataset.max_images,
+        ),
+        (
             dataset.max_image_pixels is None or dataset.max_image_pixels >= 1,
             "dataset.max_image_pixels must be >= 1 or null",
             dataset.max_image_pixels,
