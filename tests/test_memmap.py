@@ -554,6 +554,10 @@ def test_train_py_trains_with_loader_memmap_then_reuses_the_cache(
     assert metrics["top5"] == 1.0 and metrics["val_size"] == 12
     assert metrics["top1"] * 12 == pytest.approx(round(metrics["top1"] * 12), abs=1e-9)
     assert metrics["skipped_files"] == 0 and metrics["loader_train_cache_built"] is True
+    # 64 px: train rows are the 192 px store canvas (train_store_min_side), val rows the crop.
+    assert metrics["loader_train_bytes_per_image"] == 192 * 192 * 3
+    assert metrics["loader_val_bytes_per_image"] == 64 * 64 * 3
+    assert metrics["loader_train_cache_gb"] == pytest.approx(24 * 192 * 192 * 3 / 1e9)
 
     def cache_folders() -> dict[str, int]:
         return {p.name: p.stat().st_ino for p in (tmp_path / "cache").glob("[!.]*")}

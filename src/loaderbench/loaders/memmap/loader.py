@@ -241,7 +241,7 @@ class MemmapLoader(Loader):
             "cache_build_images_per_s": meta["build_images_per_s"],
             "cache_build_steady_images_per_s": meta["build_steady_images_per_s"],
             "cache_gb": self._images.numel() / 1e9,
-            "bytes_per_image": 3 * self.spec.image_size**2,
+            "bytes_per_image": self.policy.bytes_per_image(),
         }
 
     def close(self) -> None:
