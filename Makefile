@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 ARGS ?=
 
-.PHONY: install train eval test test-fast data lint format bench clean
+.PHONY: install train eval test test-fast data lint format bench clean clean-cache
 
 install: $(STAMP)
 
@@ -39,6 +39,13 @@ lint: install
 format: install
 	$(VENV)/bin/ruff check --fix .
 	$(VENV)/bin/ruff format .
+
+# memmap caches unused for UNUSED_DAYS days (and held by no run) in CACHE_DIR: listed, removed.
+CACHE_DIR ?= cache
+UNUSED_DAYS ?= 30
+clean-cache: install
+	$(PY) -m loaderbench.loaders.memmap.housekeeping --cache-dir $(CACHE_DIR) \
+		--unused-days $(UNUSED_DAYS) --remove
 
 clean:
 	rm -rf outputs cache bench/work .pytest_cache

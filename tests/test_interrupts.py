@@ -107,7 +107,7 @@ def test_signal_during_a_cache_build_leaves_no_cache(
     assert not alive, f"build workers outlived the run: {alive}"
     _interrupted_metrics(tmp_path)
     # Neither a half-written folder nor a complete-looking one: only the lock file.
-    assert [p.name for p in cache_dir.iterdir() if not p.name.endswith(".lock")] == []
+    assert [p.name for p in cache_dir.iterdir() if not p.name.endswith((".lock", ".inuse"))] == []
 
 
 @pytest.mark.slow

@@ -34,12 +34,16 @@ class Split:
     name: str
     paths: tuple[str, ...]
     labels: tuple[int, ...]
+    # The dataset's root: what the fingerprint's paths are relative to ("": absolute paths).
+    root: str = ""
 
     def __len__(self) -> int:
         return len(self.paths)
 
     def fingerprint(self) -> str:
-        """Changes when any file is added, removed, renamed, resized or touched."""
+        """Changes when any file is added, removed, renamed, resized or touched; not when the
+        whole data set is copied elsewhere keeping its times (``cp -a``, ``rsync -a``): paths
+        count relative to ``root``, so a copy on node-local scratch reuses its caches."""
         digest = hashlib.sha256()
         for path, label in zip(self.paths, self.labels, strict=True):
             try:
@@ -47,7 +51,8 @@ class Split:
                 size, mtime = st.st_size, st.st_mtime_ns
             except OSError:  # gone since discovery: the loaders skip it, naming it
                 size = mtime = -1
-            digest.update(f"{path}\0{label}\0{size}\0{mtime}\n".encode())
+            name = os.path.relpath(path, self.root) if self.root else path
+            digest.update(f"{name}\0{label}\0{size}\0{mtime}\n".encode())
         return digest.hexdigest()[:16]
 
 
@@ -139,7 +144,10 @@ def _limit(split: Split, limit: int | None) -> Split:
         return split
     keep = spread_indices(len(split), limit)
     return Split(
-        split.name, tuple(split.paths[i] for i in keep), tuple(split.labels[i] for i in keep)
+        split.name,
+        tuple(split.paths[i] for i in keep),
+        tuple(split.labels[i] for i in keep),
+        split.root,
     )
 
 
@@ -153,7 +161,9 @@ def _image_folder_index(root: Path) -> DatasetIndex:
             f"train/ and val/ of {root} hold different classes: "
             f"only in train: {only_train[:5]}, only in val: {only_val[:5]}"
         )
-    splits = {name: Split(name, tuple(p), tuple(lab)) for name, (_, p, lab) in scanned.items()}
+    splits = {
+        name: Split(name, tuple(p), tuple(lab), str(root)) for name, (_, p, lab) in scanned.items()
+    }
     return DatasetIndex(root, tuple(train_classes), splits["train"], splits["val"])
 
 
@@ -162,7 +172,7 @@ def _file_list_index(root: Path, lists: dict[str, Path]) -> DatasetIndex:
     classes = sorted({wnid for _, wnids in read.values() for wnid in wnids})
     index = {wnid: i for i, wnid in enumerate(classes)}
     splits = {
-        name: Split(name, tuple(paths), tuple(index[w] for w in wnids))
+        name: Split(name, tuple(paths), tuple(index[w] for w in wnids), str(root))
         for name, (paths, wnids) in read.items()
     }
     return DatasetIndex(root, tuple(classes), splits["train"], splits["val"])

@@ -50,6 +50,38 @@ class FileLock:
         self._file = None
 
 
+class SharedHold:
+    """A shared ``flock`` held until ``release()`` (or the holder's death): "in use".
+
+    Many holders at once; whoever wants the thing gone takes the exclusive lock without
+    waiting (``try_exclusive``) and leaves it alone when that fails. Taking the hold also
+    touches the lock file, so its mtime says when the thing was last used.
+    """
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        self._fd: int | None = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
+        fcntl.flock(self._fd, fcntl.LOCK_SH)
+        os.utime(self._fd)
+
+    def release(self) -> None:
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)  # closing releases the lock
+
+
+def try_exclusive(path: str | os.PathLike[str]) -> int | None:
+    """The exclusive ``flock`` of ``path`` as an open fd (close it to release), or None when
+    someone holds it (shared or exclusive)."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    return fd
+
+
 def atomic_write(path: str | os.PathLike[str], write: Callable[[Path], None]) -> None:
     """Call ``write(tmp_path)``, fsync, then rename over ``path``: readers see all or nothing.
 

@@ -61,7 +61,7 @@ from tqdm import tqdm
 
 from loaderbench.data import Split
 from loaderbench.images import load_rgb, max_pixels, open_checked, to_rgb
-from loaderbench.locking import FileLock, atomic_write_text
+from loaderbench.locking import FileLock, SharedHold, atomic_write_text
 from loaderbench.stopping import critical_section, raise_if_stop_requested
 from loaderbench.transforms import pil_val_transform
 
@@ -482,10 +482,30 @@ class OpenedCache:
     data: ImageCache
     meta: dict[str, Any]
     built: bool  # this process built it
+    # "In use" while the run reads it: ``housekeeping`` never removes a held cache.
+    hold: SharedHold | None = None
 
     @property
     def skipped(self) -> list[dict[str, Any]]:
         return self.meta["skipped"]
+
+    def release(self) -> None:
+        if self.hold is not None:
+            self.hold.release()
+
+
+def in_use_file(cache_dir: Path, name: str) -> Path:
+    """Held shared by every run reading cache ``name``; its mtime is the cache's last use."""
+    return cache_dir / f".{name}.inuse"
+
+
+def hold_in_use(cache_dir: Path, name: str) -> SharedHold | None:
+    """Mark cache ``name`` in use (None where ``cache_dir`` is read-only: nobody cleans it)."""
+    try:
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        return SharedHold(in_use_file(cache_dir, name))
+    except OSError:
+        return None
 
 
 def is_complete(folder: Path) -> bool:
@@ -578,6 +598,28 @@ def ensure_cache(
     """The split's cache, built first (once, under a lock, atomically) when it does not exist."""
     source = cache_source(split, policy)
     name = cache_name(split, policy, source)
+    # In use from before it is opened (or built) on: a clean-up cannot remove it under us.
+    hold = hold_in_use(cache_dir, name)
+    try:
+        opened = _ensure(split, policy, cache_dir, name, source, num_workers, skip_errors, progress)
+    except BaseException:
+        if hold is not None:
+            hold.release()
+        raise
+    opened.hold = hold
+    return opened
+
+
+def _ensure(
+    split: Split,
+    policy: StorePolicy,
+    cache_dir: Path,
+    name: str,
+    source: dict[str, Any],
+    num_workers: int,
+    skip_errors: bool,
+    progress: bool,
+) -> OpenedCache:
     final = cache_dir / name
     # Checked again under the lock (and the change logged there), before rebuilding.
     if is_complete(final) and (opened := _open_unchanged(final, policy, warn=False)) is not None:

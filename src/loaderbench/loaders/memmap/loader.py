@@ -114,10 +114,11 @@ class MemmapLoader(Loader):
         )
         skipped = self.cache.skipped
         if skipped and not spec.skip_errors:
+            first = skipped[0]  # named by this run's path: the cache may be from a copy
             raise OSError(
                 f"dataset.on_error=raise, but memmap cache {self.cache.path} was built skipping "
-                f"{len(skipped)} unreadable files, the first {skipped[0]['path']}: "
-                f"{skipped[0]['error']}"
+                f"{len(skipped)} unreadable files, the first {spec.split.paths[first['index']]}: "
+                f"{first['error']}"
             )
         data = self.cache.data
         self._images: torch.Tensor = data.images  # memory-mapped: read a batch at a time
@@ -253,3 +254,4 @@ class MemmapLoader(Loader):
             pools = list(self._pools)
         for pool in pools:
             pool.shutdown(wait=True, cancel_futures=True)
+        self.cache.release()
