@@ -228,7 +228,9 @@ def test_unreadable_files_are_skipped_recorded_and_counted(tiny_root: Path, tmp_
         make_loader(index.val, tmp_path / "other", train=False, on_error="raise")
     assert broken in str(error.value)
     # The failed build left nothing behind that could be taken for a cache.
-    assert not [p for p in (tmp_path / "other").iterdir() if not p.name.endswith((".lock", ".inuse"))]
+    assert not [
+        p for p in (tmp_path / "other").iterdir() if not p.name.endswith((".lock", ".inuse"))
+    ]
     # A cache built with skips is refused under on_error=raise, naming the file.
     with pytest.raises(OSError, match=broken):
         make_loader(index.val, tmp_path / "cache", train=False, on_error="raise")
