@@ -78,7 +78,7 @@ def folder_index(root: Path):
     from loaderbench.config import DatasetConfig
     from loaderbench.data import discover
 
-    cfg = OmegaConf.structured(DatasetConfig)
+    cfg = OmegaConf.structured(DatasetConfig(index_dir=None))
     cfg.name, cfg.root = "folder", str(root)
     return discover(cfg)
 

@@ -101,7 +101,7 @@ from loaderbench.config import DatasetConfig
 from loaderbench.data import discover
 
 root, cache_dir, step = sys.argv[1], Path(sys.argv[2]), sys.argv[3]
-cfg = OmegaConf.structured(DatasetConfig)
+cfg = OmegaConf.structured(DatasetConfig(index_dir=None))
 cfg.name, cfg.root = "folder", root
 split = discover(cfg).val
 policy = mc.StorePolicy.for_split(False, 32, 1.5)

@@ -17,7 +17,7 @@ from loaderbench.synthetic import SyntheticSpec, ensure_synthetic, render_image
 
 
 def dataset_cfg(**kwargs):
-    cfg = OmegaConf.structured(DatasetConfig)
+    cfg = OmegaConf.structured(DatasetConfig(index_dir=None))
     cfg.name = "folder"
     for key, value in kwargs.items():
         OmegaConf.update(cfg, key, value)

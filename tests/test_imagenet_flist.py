@@ -35,13 +35,13 @@ def write_file_lists(root: Path, out: Path) -> tuple[Path, Path]:
 
 
 def folder_index(root: Path) -> DatasetIndex:
-    cfg = OmegaConf.structured(DatasetConfig)
+    cfg = OmegaConf.structured(DatasetConfig(index_dir=None))
     cfg.name, cfg.root = "folder", str(root)
     return discover(cfg)
 
 
 def flist_index(root: Path, train_list: Path, val_list: Path) -> DatasetIndex:
-    cfg = OmegaConf.structured(DatasetConfig)
+    cfg = OmegaConf.structured(DatasetConfig(index_dir=None))
     cfg.name, cfg.root = "imagenet_flist", str(root)
     cfg.train_list, cfg.val_list = str(train_list), str(val_list)
     return discover(cfg)

@@ -49,7 +49,7 @@ SIZE = 32  # model input size in these tests; train images are stored with a lon
 
 
 def index_of(root: Path) -> DatasetIndex:
-    cfg = OmegaConf.structured(DatasetConfig)
+    cfg = OmegaConf.structured(DatasetConfig(index_dir=None))
     cfg.name, cfg.root = "folder", str(root)
     return discover(cfg)
 
@@ -275,7 +275,7 @@ from loaderbench.config import DatasetConfig
 from loaderbench.data import discover
 
 root, cache_dir, halfway = sys.argv[1:4]
-cfg = OmegaConf.structured(DatasetConfig)
+cfg = OmegaConf.structured(DatasetConfig(index_dir=None))
 cfg.name, cfg.root = "folder", root
 split = discover(cfg).val
 real, count = mc.decode_crop, [0]
@@ -347,7 +347,7 @@ from loaderbench.config import DatasetConfig
 from loaderbench.data import discover
 
 root, cache_dir, go = sys.argv[1:4]
-cfg = OmegaConf.structured(DatasetConfig)
+cfg = OmegaConf.structured(DatasetConfig(index_dir=None))
 cfg.name, cfg.root = "folder", root
 split = discover(cfg).train
 real = mc.decode_fit

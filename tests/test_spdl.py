@@ -39,7 +39,7 @@ NO_CUDA_REASON = "nvjpeg decodes on the GPU and this machine has no CUDA device"
 
 
 def index_of(root: Path) -> DatasetIndex:
-    cfg = OmegaConf.structured(DatasetConfig)
+    cfg = OmegaConf.structured(DatasetConfig(index_dir=None))
     cfg.name, cfg.root = "folder", str(root)
     return discover(cfg)
 

@@ -53,6 +53,11 @@ class DatasetConfig:
     # Refuse images with more pixels than this, from their header, before decoding (null: no
     # limit). The default is PIL's decompression-bomb threshold.
     max_image_pixels: int | None = 178_956_970
+    # Where the dataset index (one scan of the tree, loaded by every rank and later run) is
+    # kept; null: scan on every run. See loaderbench.dataset_index.
+    index_dir: str | None = "cache"
+    # Scan the tree again instead of loading a saved index (files rewritten in place).
+    rescan: bool = False
 
 
 @dataclass

@@ -272,7 +272,7 @@ def peer_rows(opts: Options, root: Path, decode: DecodeLimit) -> list[Row]:
     from loaderbench.config import DatasetConfig
     from loaderbench.data import discover
 
-    cfg = OmegaConf.structured(DatasetConfig)
+    cfg = OmegaConf.structured(DatasetConfig(index_dir=None))
     cfg.name, cfg.root = "folder", str(root)
     index = discover(cfg)
     rows = []

@@ -555,6 +555,13 @@ def _check_space(cache_dir: Path, final: Path, needed: int) -> None:
     """Fail now, naming the folder, rather than with a SIGBUS in a worker when the disk fills
     under the (sparse) memory-mapped files."""
     free = shutil.disk_usage(cache_dir).free
+    log.info(
+        "memmap cache %s will take %.2f GB; %s has %.2f GB free",
+        final,
+        needed / 1e9,
+        cache_dir,
+        free / 1e9,
+    )
     if needed > free:
         raise CacheError(
             f"memmap cache {final} needs {needed / 1e9:.1f} GB but {cache_dir} has "
@@ -635,6 +642,7 @@ def _ensure(
                 return opened
             shutil.rmtree(final)
         _remove_stale(cache_dir, name)
+        # Stated before the build, and refused at once when it cannot fit.
         _check_space(cache_dir, final, len(split) * policy.bytes_per_image())
         tmp = cache_dir / f".{name}.tmp-{os.getpid()}"
         log.info("building memmap cache %s (%d images, %d workers)", final, len(split), num_workers)
