@@ -185,7 +185,8 @@ def test_a_batch_larger_than_the_train_set_fails_before_any_heavy_work(
     )
     assert proc.returncode != 0
     assert "loader.batch_size=25 is larger than the train set (24 images)" in proc.stderr
-    assert not (tmp_path / "cache").exists()  # no cache was built first
+    # No cache was built first (the dataset index beside them is a file, not a cache folder).
+    assert not [p for p in (tmp_path / "cache").glob("*") if p.is_dir()]
     _, metrics = single_run(tmp_path, "train")
     assert metrics["status"] == "failed"
 

@@ -562,7 +562,7 @@ def test_train_py_trains_with_loader_memmap_then_reuses_the_cache(
     assert metrics["loader_train_cache_gb"] == pytest.approx(24 * 192 * 192 * 3 / 1e9)
 
     def cache_folders() -> dict[str, int]:
-        return {p.name: p.stat().st_ino for p in (tmp_path / "cache").glob("[!.]*")}
+        return {p.name: p.stat().st_ino for p in (tmp_path / "cache").glob("[!.]*") if p.is_dir()}
 
     caches = cache_folders()
     assert sorted(name.split("-")[0] for name in caches) == ["train", "val"]
