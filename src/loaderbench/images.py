@@ -22,10 +22,20 @@ worker process is forked, so workers inherit it).
 
 from __future__ import annotations
 
+import warnings
 from typing import BinaryIO
 
 import numpy as np
+import torch
 from PIL import Image
+
+# torchvision 0.29 deprecates its image codecs in favour of TorchCodec; they are still the
+# libjpeg-turbo and nvJPEG bindings we want, so keep the warning out of every decode.
+warnings.filterwarnings(
+    "ignore",
+    message="The image decoding and encoding capabilities of TorchVision",
+    category=DeprecationWarning,
+)
 
 # PIL refuses images over 2 x MAX_IMAGE_PIXELS (89,478,485) with DecompressionBombError.
 DEFAULT_MAX_PIXELS = 2 * 89_478_485
@@ -87,6 +97,14 @@ def load_rgb(path: str) -> Image.Image:
     return to_rgb(image)
 
 
+def decode_jpeg_cpu(data: torch.Tensor) -> torch.Tensor:
+    """JPEG bytes (uint8, 1-D) to uint8 RGB CHW with libjpeg-turbo; releases the GIL; EXIF
+    orientation not applied."""
+    from torchvision.io import ImageReadMode, decode_jpeg
+
+    return decode_jpeg(data, mode=ImageReadMode.RGB)
+
+
 def jpeg_size(data: bytes | memoryview) -> tuple[int, int] | None:
     """(width, height) from a JPEG's frame header, without decoding; None if not found."""
     n, i = len(data), 2
@@ -116,6 +134,7 @@ __all__ = [
     "DEFAULT_MAX_PIXELS",
     "ImageTooLarge",
     "check_size",
+    "decode_jpeg_cpu",
     "jpeg_size",
     "load_rgb",
     "max_pixels",

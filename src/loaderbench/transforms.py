@@ -186,14 +186,25 @@ def resized_crop_batch_uint8(
     several threads can share the work. Returns uint8 NCHW in channels-last memory format
     (writing NCHW-contiguous costs about 40% more), in ``out`` when given (N, C, size, size).
     """
+    return resized_crop_images(list(images.unbind(0)), boxes, size, flips, out)
+
+
+def resized_crop_images(
+    images: Sequence[torch.Tensor],
+    boxes: torch.Tensor,
+    size: int,
+    flips: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``resized_crop_batch_uint8`` for uint8 CHW images of any sizes (one box each)."""
     import torch.nn.functional as F
 
-    n, channels = images.shape[0], images.shape[1]
+    n, channels = len(images), images[0].shape[0] if len(images) else 3
     if out is None:
         out = torch.empty((n, size, size, channels), dtype=torch.uint8).permute(0, 3, 1, 2)
     flip_list = [False] * n if flips is None else flips.tolist()
     for i, (top, left, h, w) in enumerate(boxes.tolist()):
-        crop = images[i : i + 1, :, top : top + h, left : left + w]
+        crop = images[i][None, :, top : top + h, left : left + w]
         resized = F.interpolate(crop, size=(size, size), mode="bilinear", antialias=True)[0]
         out[i].copy_(resized.flip(-1) if flip_list[i] else resized)
     return out

@@ -38,10 +38,11 @@ import numpy as np
 import torch
 
 from loaderbench.data import resolve_path
+from loaderbench.images import decode_jpeg_cpu
 from loaderbench.loaders.base import Batch, Loader, LoaderSpec, register_loader, to_device
-from loaderbench.loaders.memmap.cache import OpenedCache, StorePolicy, ensure_cache
+from loaderbench.loaders.memmap.cache import JpegCache, OpenedCache, StorePolicy, ensure_cache
 from loaderbench.loaders.memmap.settings import Settings
-from loaderbench.transforms import crop_resize_flip_batch
+from loaderbench.transforms import crop_resize_flip_batch, resized_crop_images
 
 log = logging.getLogger(__name__)
 
@@ -103,7 +104,13 @@ class MemmapLoader(Loader):
         super().__init__(spec)
         settings: Settings = spec.settings  # type: ignore[assignment]
         self.policy = StorePolicy.for_split(
-            spec.train, spec.image_size, settings.train_store_ratio, settings.train_store_min_side
+            spec.train,
+            spec.image_size,
+            settings.train_store_ratio,
+            settings.train_store_min_side,
+            codec=settings.store,
+            quality=settings.store_quality,
+            max_side=settings.store_max_side,
         )
         self.cache: OpenedCache = ensure_cache(
             spec.split,
@@ -121,8 +128,15 @@ class MemmapLoader(Loader):
                 f"{first['error']}"
             )
         data = self.cache.data
-        self._images: torch.Tensor = data.images  # memory-mapped: read a batch at a time
-        self._images_np = self._images.numpy()
+        self._jpeg = isinstance(data, JpegCache)
+        if isinstance(data, JpegCache):  # memory-mapped bytes, found by offset and length
+            self._bytes: torch.Tensor = data.data
+            self._spans = torch.stack([data.offsets, data.offsets + data.lengths], 1).tolist()
+            stored_row: tuple[int, ...] = ()
+        else:  # memory-mapped rows: read a batch at a time
+            self._images: torch.Tensor = data.images
+            self._images_np = self._images.numpy()
+            stored_row = tuple(self._images.shape[1:])
         # The small fields live in memory: a gather from them costs nothing.
         self._labels = data.labels.clone()
         self._heights = data.heights.clone()
@@ -134,11 +148,12 @@ class MemmapLoader(Loader):
         self._live: weakref.WeakSet = weakref.WeakSet()  # iterators not yet finished
         self._pools: set[ThreadPoolExecutor] = set()
         self._lock = threading.Lock()
-        self._crop_on_device = spec.train and spec.device.type != "cpu"
+        # Raw train rows are cropped where the batch goes (the GPU); decoded JPEGs differ in
+        # size, so the reading threads crop them.
+        self._crop_on_device = spec.train and spec.device.type != "cpu" and not self._jpeg
         # Enough buffers for the batches in flight, the one the caller holds, and one spare.
         capacity = self.batches_in_flight() + 2
-        stored = (spec.batch_size, *self._images.shape[1:])
-        self._gather_pool = BufferPool(stored, capacity)
+        self._gather_pool = BufferPool((spec.batch_size, *stored_row), capacity)
         size = spec.image_size
         self._crop_pool = BufferPool((spec.batch_size, size, size, 3), capacity)
 
@@ -152,6 +167,8 @@ class MemmapLoader(Loader):
             indices = indices[self._valid[indices]]
             if not len(indices):
                 return None
+        if self._jpeg:
+            return self._decode(epoch, indices)
         n = len(indices)
         if self.spec.use_pinned_memory:  # torch's pinned-memory cache recycles these
             rows = torch.empty((n, *self._images.shape[1:]), dtype=torch.uint8, pin_memory=True)
@@ -177,6 +194,24 @@ class MemmapLoader(Loader):
         out = self._crop_pool.take(n).permute(0, 3, 1, 2)
         crop_resize_flip_batch(images, boxes, self.spec.image_size, flips, out=out)
         return _Gathered(out, labels)
+
+    def _decode(self, epoch: int, indices: torch.Tensor) -> _Gathered:
+        """A jpeg store's batch: each image's bytes decoded (libjpeg-turbo, GIL released), then
+        cropped, resized and flipped (train) or taken as stored (val) into one batch."""
+        spans = [self._spans[i] for i in indices.tolist()]
+        images = [decode_jpeg_cpu(self._bytes[start:stop]) for start, stop in spans]
+        out = self._crop_pool.take(len(images)).permute(0, 3, 1, 2)
+        labels = self._labels[indices]
+        if not self.spec.train:
+            for row, image in zip(out, images, strict=True):
+                row.copy_(image)
+            return _Gathered(out, labels)
+        boxes, flips = self.spec.random_crops(
+            self._heights[indices], self._widths[indices], epoch, indices.tolist()
+        )
+        return _Gathered(
+            resized_crop_images(images, boxes, self.spec.image_size, flips, out), labels
+        )
 
     def _deliver(self, gathered: _Gathered) -> Batch:
         """Move a gathered batch to the device and finish it there (runs in the caller)."""
@@ -241,9 +276,14 @@ class MemmapLoader(Loader):
             "cache_build_s": meta["build_s"],
             "cache_build_images_per_s": meta["build_images_per_s"],
             "cache_build_steady_images_per_s": meta["build_steady_images_per_s"],
-            "cache_gb": self._images.numel() / 1e9,
-            "bytes_per_image": self.policy.bytes_per_image(),
+            "cache_store": self.policy.codec,
+            "cache_gb": self.stored_bytes() / 1e9,
+            "bytes_per_image": self.stored_bytes() / max(1, len(self.spec.split)),
         }
+
+    def stored_bytes(self) -> int:
+        """The images' bytes on disk: rows of pixels, or the JPEG bytes."""
+        return self._bytes.numel() if self._jpeg else self._images.numel()
 
     def close(self) -> None:
         for iterator in list(self._live):

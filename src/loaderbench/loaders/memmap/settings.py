@@ -8,6 +8,8 @@ from dataclasses import dataclass
 
 from loaderbench.loaders.settings import Check, LoaderSettings
 
+STORES = ("raw", "jpeg")
+
 
 @dataclass
 class Settings(LoaderSettings):
@@ -21,6 +23,14 @@ class Settings(LoaderSettings):
     # than the input are blurrier than torchvision's crops from the full image (measured: top1
     # 9.7 points lower at 64 px with a 96 px store, 2.7 with 192 px), and storage is cheap.
     train_store_min_side: int = 192
+    # How images are stored: raw (decoded uint8 pixels; a batch is a gather, nothing to decode)
+    # or jpeg (re-encoded JPEG bytes in one flat byte tensor, decoded per batch by the reading
+    # threads: a fraction of raw's bytes, for data sets whose raw store would not fit).
+    store: str = "raw"
+    # The stored long side of train images (null: the train_store_ratio / min_side rule).
+    store_max_side: int | None = None
+    # JPEG quality of the jpeg store (1-100).
+    store_quality: int = 90
 
     def checks(self) -> list[Check]:
         ratio, side = self.train_store_ratio, self.train_store_min_side
@@ -32,4 +42,15 @@ class Settings(LoaderSettings):
                 ratio,
             ),
             (side >= 0, "loader.train_store_min_side must be >= 0", side),
+            (self.store in STORES, f"loader.store must be one of {list(STORES)}", self.store),
+            (
+                self.store_max_side is None or self.store_max_side >= 8,
+                "loader.store_max_side must be >= 8 or null",
+                self.store_max_side,
+            ),
+            (
+                1 <= self.store_quality <= 100,
+                "loader.store_quality must be 1-100",
+                self.store_quality,
+            ),
         ]

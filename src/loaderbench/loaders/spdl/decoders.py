@@ -51,7 +51,6 @@ import ctypes
 import functools
 import re
 import threading
-import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, NamedTuple
@@ -59,20 +58,12 @@ from typing import Any, ClassVar, NamedTuple
 import torch
 import torch.nn.functional as F
 
-from loaderbench.images import check_size, jpeg_size, load_rgb
+from loaderbench.images import check_size, decode_jpeg_cpu, jpeg_size, load_rgb
 from loaderbench.transforms import (
     RRC_RATIO,
     RRC_SCALE,
     seeded_crops,
     val_resize_size,
-)
-
-# torchvision 0.29 deprecates its image codecs in favour of TorchCodec; they are still the
-# libjpeg-turbo and nvJPEG bindings we want, so keep the warning out of every decode.
-warnings.filterwarnings(
-    "ignore",
-    message="The image decoding and encoding capabilities of TorchVision",
-    category=DeprecationWarning,
 )
 
 JPEG_MAGIC = b"\xff\xd8\xff"
@@ -304,13 +295,6 @@ def decode_generic(path: str) -> torch.Tensor:
     from torchvision.transforms.v2.functional import pil_to_tensor
 
     return pil_to_tensor(load_rgb(path))
-
-
-def decode_jpeg_cpu(data: torch.Tensor) -> torch.Tensor:
-    """libjpeg-turbo, uint8 RGB CHW, EXIF orientation not applied (``loaderbench.images``)."""
-    from torchvision.io import ImageReadMode, decode_jpeg
-
-    return decode_jpeg(data, mode=ImageReadMode.RGB)
 
 
 def open_file(sample: Sample) -> Opened:
