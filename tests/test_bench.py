@@ -192,6 +192,35 @@ def test_ratios_are_computed_from_the_rows(bench: dict[str, Any]) -> None:
     assert share == pytest.approx(number(bench["rows"][("val", "spdl", WORKERS)]["share of limit"]))
 
 
+def test_stores_are_projected_to_imagenet_from_their_runs(bench: dict[str, Any]) -> None:
+    table = {
+        (r["split"], r["store"]): r
+        for r in map(dict, table_rows(bench["md"], "| split | store |", named=True))
+    }
+    assert set(table) == {(task, store) for task in TASKS for store in ("raw", "jpeg")}
+    imagenet = {"train": 1_281_167, "val": 50_000}
+    by_json = {(r["pipeline"], r["store"]): r for r in bench["json"]["stores"]}
+    for (task, store), row in table.items():
+        saved = by_json[(task, store)]
+        # The projection is the measured bytes per image times ImageNet's images.
+        assert saved["imagenet_gb"] == pytest.approx(
+            saved["bytes_per_image"] * imagenet[task] / 1e9
+        )
+        assert number(row["ImageNet store"].removesuffix(" GB")) == pytest.approx(
+            saved["imagenet_gb"], abs=0.05
+        )
+        # Four times the cores: a quarter of the build time.
+        sixteen = number(row["build at 16 cores"].removesuffix(" min"))
+        sixty_four = number(row["build at 64 cores"].removesuffix(" min"))
+        assert sixty_four == pytest.approx(sixteen / 4, abs=0.1)
+        assert saved["images_per_s"] > 0
+    for task in TASKS:  # JPEG keeps a fraction of the raw bytes
+        raw, jpeg = by_json[(task, "raw")], by_json[(task, "jpeg")]
+        assert jpeg["bytes_per_image"] < 0.5 * raw["bytes_per_image"]
+    size = int(search(r"image_size (\d+)", bench["md"]))
+    assert by_json[("val", "raw")]["bytes_per_image"] == 3 * size * size  # exact crops
+
+
 def test_charts_are_written(bench: dict[str, Any]) -> None:
     for name in ("report.png", "sweep_val.png", "sweep_train.png"):
         assert (bench["out"] / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name

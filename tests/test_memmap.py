@@ -307,6 +307,7 @@ def test_a_full_disk_is_refused_up_front_naming_the_folder(
     with pytest.raises(CacheError, match=r"needs 0\.0 GB but .* has 0\.0 GB free") as error:
         make_loader(index.val, tmp_path / "cache", train=False)
     assert str(tmp_path / "cache") in str(error.value)
+    assert "or loader.store=jpeg (about" in str(error.value)  # what would fit instead
 
 
 def is_bitwise_equal(a: ImageCache, b: ImageCache) -> bool:

@@ -40,6 +40,7 @@ from typing import Any
 import torch
 
 from loaderbench.bench.limits import DecodeLimit, measure_decode_limit, usable_cores
+from loaderbench.bench.stores import CORES, StoreRow, measure_stores, store_lines
 from loaderbench.synthetic import SyntheticSpec, ensure_synthetic
 
 REPO = Path(__file__).resolve().parents[3]
@@ -110,17 +111,21 @@ def memory_copy_bandwidth(nbytes: int = 256 * 2**20, repeats: int = 5) -> float:
     return nbytes / best
 
 
-def sweep_command(opts: Options, root: Path, task: str, sweep_dir: Path) -> list[str]:
-    """The ``model=none`` multirun of every loader over the worker counts."""
+def sweep_command(
+    opts: Options, root: Path, task: str, sweep_dir: Path, swept: list[str] | None = None
+) -> list[str]:
+    """The ``model=none`` multirun of every loader over the worker counts (or of ``swept``)."""
     script = "eval.py" if task == "val" else "train.py"
+    if swept is None:
+        workers = ",".join(map(str, opts.workers))
+        swept = [f"loader={','.join(LOADERS)}", f"loader.num_workers={workers}"]
     cmd = [
         sys.executable,
         str(REPO / script),
         "--multirun",
         "model=none",
         "logger=none",
-        f"loader={','.join(LOADERS)}",
-        f"loader.num_workers={','.join(map(str, opts.workers))}",
+        *swept,
         f"loader.batch_size={opts.batch_size}",
         f"image_size={opts.image_size}",
         f"dataset.root={root}",
@@ -424,6 +429,7 @@ def write_report(
     copy_bps: float,
     image_bytes: int,
     wall_s: float,
+    stores: list[StoreRow],
 ) -> None:
     """report.md, report.json and report.png in ``opts.out``."""
     lines = [
@@ -431,6 +437,8 @@ def write_report(
         *limit_lines(decode, copy_bps, image_bytes),
         *pipeline_lines(rows),
         *ratio_lines(opts, rows, decode),
+        "",
+        *store_lines(stores),
         "",
         f"Command: `make bench{' BENCH_ARGS=--quick' if opts.quick else ''}`",
         "",
@@ -440,6 +448,11 @@ def write_report(
         "rows": [{**row.__dict__, "share": row.share} for row in rows],
         "decode_limit": decode.as_dict(),
         "memory_copy_bytes_per_s": copy_bps,
+        "stores": [
+            {**row.__dict__, "imagenet_gb": row.imagenet_gb}
+            | {f"build_minutes_{c}_cores": row.build_minutes(c) for c in CORES}
+            for row in stores
+        ],
     }
     (opts.out / "report.json").write_text(json.dumps(report, indent=1))
     plot_report(opts.out / "report.png", rows)
@@ -546,7 +559,13 @@ def main(argv: list[str] | None = None) -> int:
     decode, copy_bps = measure_limits(opts, opts.root)
     image_bytes = 3 * opts.image_size * opts.image_size
     rows = measure_rows(opts, opts.root, decode, copy_bps / image_bytes)
-    write_report(opts, rows, decode, copy_bps, image_bytes, time.perf_counter() - started)
+    stores = measure_stores(
+        lambda task, sweep_dir, swept: sweep_command(opts, opts.root, task, sweep_dir, swept),
+        opts.work,
+        max(opts.workers),
+    )
+    wall_s = time.perf_counter() - started
+    write_report(opts, rows, decode, copy_bps, image_bytes, wall_s, stores)
     print((opts.out / "report.md").read_text())
     return 0
 

@@ -722,7 +722,7 @@ def _remove_stale(cache_dir: Path, name: str) -> None:
         shutil.rmtree(final, ignore_errors=True)
 
 
-def _check_space(cache_dir: Path, final: Path, needed: int) -> None:
+def _check_space(cache_dir: Path, final: Path, needed: int, policy: StorePolicy) -> None:
     """Fail now, naming the folder, rather than with a SIGBUS in a worker when the disk fills
     under the (sparse) memory-mapped files."""
     free = shutil.disk_usage(cache_dir).free
@@ -737,6 +737,11 @@ def _check_space(cache_dir: Path, final: Path, needed: int) -> None:
         raise CacheError(
             f"memmap cache {final} needs {needed / 1e9:.1f} GB but {cache_dir} has "
             f"{free / 1e9:.1f} GB free; set loader.cache_dir to a larger disk"
+            + (
+                f", or loader.store=jpeg (about {needed * JPEG_BYTES_ESTIMATE / 1e9:.1f} GB)"
+                if policy.codec == "raw"
+                else ""
+            )
         )
 
 
@@ -814,7 +819,7 @@ def _ensure(
             shutil.rmtree(final)
         _remove_stale(cache_dir, name)
         # Stated before the build, and refused at once when it cannot fit.
-        _check_space(cache_dir, final, len(split) * policy.bytes_per_image())
+        _check_space(cache_dir, final, len(split) * policy.bytes_per_image(), policy)
         tmp = cache_dir / f".{name}.tmp-{os.getpid()}"
         log.info("building memmap cache %s (%d images, %d workers)", final, len(split), num_workers)
         try:

@@ -274,6 +274,7 @@ class MemmapLoader(Loader):
             "cache_path": str(self.cache.path),
             "cache_built": self.cache.built,
             "cache_build_s": meta["build_s"],
+            "cache_build_workers": meta["build_workers"],
             "cache_build_images_per_s": meta["build_images_per_s"],
             "cache_build_steady_images_per_s": meta["build_steady_images_per_s"],
             "cache_store": self.policy.codec,
