@@ -191,7 +191,9 @@ def test_the_jpeg_store_round_trips_within_jpeg_error_at_a_fraction_of_the_bytes
     index = index_of(tiny_root)
     for split, train in ((index.val, False), (index.train, True)):
         raw = make_loader(split, tmp_path, train=train, image_size=64)
-        jpeg = make_loader(split, tmp_path, train=train, image_size=64, store="jpeg")
+        jpeg = make_loader(
+            split, tmp_path, train=train, image_size=64, store="jpeg", val_store="jpeg"
+        )
         raw.close(), jpeg.close()
         data = jpeg.cache.data
         assert isinstance(data, JpegCache) and data.batch_size == torch.Size([])
@@ -206,6 +208,15 @@ def test_the_jpeg_store_round_trips_within_jpeg_error_at_a_fraction_of_the_bytes
         raw_bytes, jpeg_bytes = raw.stats()["bytes_per_image"], jpeg.stats()["bytes_per_image"]
         assert jpeg_bytes < 0.25 * raw_bytes
         assert jpeg.stats()["cache_store"] == "jpeg" and jpeg.cache.path != raw.cache.path
+
+
+def test_val_stays_raw_unless_asked(tiny_root: Path, tmp_path: Path) -> None:
+    index = index_of(tiny_root)
+    with make_loader(index.val, tmp_path, train=False, store="jpeg") as val:
+        assert val.stats()["cache_store"] == "raw"
+        images = torch.cat([b.images for b in val])
+        reference = torch.stack([pil_val_transform(SIZE)(load_rgb(p)) for p in index.val.paths])
+        assert torch.equal(images, reference)
 
 
 def test_jpeg_train_batches_are_the_raw_ones_within_jpeg_error(
@@ -378,7 +389,7 @@ def test_a_killed_build_is_not_used_and_the_next_run_rebuilds(
     with FileLock(cache_dir / f".{name}.lock"):  # the OS released the dead builder's lock
         pass
 
-    loader = make_loader(index.val, cache_dir, train=False, store=codec)
+    loader = make_loader(index.val, cache_dir, train=False, val_store=codec)
     try:
         assert loader.cache.built and loader.cache.path == cache_dir / name
         assert not partial.exists()

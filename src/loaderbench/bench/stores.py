@@ -1,6 +1,7 @@
 """The memmap stores projected to ImageNet: bytes per image, the store's size for 1,281,167
 train and 50,000 val images, and the time to build it at 16 and 64 cores from the per-core
-build rate measured here. Runs ``loader=memmap loader.store=raw,jpeg`` with ``model=none``."""
+build rate measured here. Runs ``loader=memmap loader.store=raw,jpeg`` (``loader.val_store``
+for val) with ``model=none``."""
 
 from __future__ import annotations
 
@@ -53,7 +54,8 @@ def measure_stores(
     rows = []
     for task in ("val", "train"):
         sweep_dir = work / "stores" / task
-        overrides = ["loader=memmap", f"loader.store={','.join(STORES)}"]
+        key = "loader.store" if task == "train" else "loader.val_store"
+        overrides = ["loader=memmap", f"{key}={','.join(STORES)}"]
         cmd = command(task, sweep_dir, [*overrides, f"loader.num_workers={workers}"])
         print("$", " ".join(cmd[1:]), flush=True)
         subprocess.run(cmd, cwd=work, check=True)

@@ -108,7 +108,7 @@ class MemmapLoader(Loader):
             spec.image_size,
             settings.train_store_ratio,
             settings.train_store_min_side,
-            codec=settings.store,
+            codec=settings.store if spec.train else settings.val_store,
             quality=settings.store_quality,
             max_side=settings.store_max_side,
         )
