@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import psutil
 import torch
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
@@ -97,6 +98,10 @@ class Session:
             self.record({f"loader_{split}_{k}": v for k, v in loader.stats().items()})
 
     def meter(self) -> LoopMeter:
+        """A meter for the next loop. The first one marks the end of start-up: ``startup_s``
+        is the time from the process's start (interpreter and imports included) to here, so
+        ``startup_s + ttfb_s`` is what a user waits for the first batch."""
+        self.metrics.setdefault("startup_s", time.time() - psutil.Process().create_time())
         sync = synchronizer(self.device) if self.cfg.bench.sync_cuda else None
         return LoopMeter(warmup_batches=self.cfg.bench.warmup_batches, sync=sync)
 

@@ -54,14 +54,21 @@ class SyntheticSpec:
     val_per_class: int = 30
     seed: int = 0
     jpeg_quality: int = 90
+    # Shrink every image so its long side is at most this (None: ImageNet's sizes). Small
+    # images make trees of hundreds of thousands of files quick to generate (bench-scale).
+    max_side: int | None = None
 
     def key(self) -> str:
-        payload = json.dumps({**asdict(self), "version": FORMAT_VERSION}, sort_keys=True)
+        fields = asdict(self)
+        if fields["max_side"] is None:  # sets generated before the field keep their key
+            del fields["max_side"]
+        payload = json.dumps({**fields, "version": FORMAT_VERSION}, sort_keys=True)
         return hashlib.sha256(payload.encode()).hexdigest()[:10]
 
     def dirname(self) -> str:
         counts = f"{self.num_classes}c-{self.train_per_class}x{self.val_per_class}"
-        return f"synthetic-{counts}-{self.key()}"
+        small = f"-{self.max_side}px" if self.max_side else ""
+        return f"synthetic-{counts}{small}-{self.key()}"
 
 
 def class_folder(label: int) -> str:
@@ -174,9 +181,12 @@ _PAINTERS: list[Callable[..., Mask]] = [
 CLASS_NAMES = [p.__name__.lstrip("_") for p in _PAINTERS]
 
 
-def render_image(label: int, rng: np.random.Generator) -> np.ndarray:
-    """One HxWx3 uint8 image of class ``label``."""
+def render_image(label: int, rng: np.random.Generator, max_side: int | None = None) -> np.ndarray:
+    """One HxWx3 uint8 image of class ``label`` (long side at most ``max_side`` if given)."""
     width, height = _SIZES[rng.choice(len(_SIZES), p=_SIZE_WEIGHTS / _SIZE_WEIGHTS.sum())]
+    if max_side is not None and max(width, height) > max_side:
+        shrink = max_side / max(width, height)
+        width, height = max(8, round(width * shrink)), max(8, round(height * shrink))
     yy, xx = np.mgrid[0:height, 0:width].astype(np.float32)
 
     # Background: a random-colour gradient plus blotches and grain, so that JPEG sizes and
@@ -228,7 +238,8 @@ def _image_seed(spec: SyntheticSpec, split: str, label: int, index: int) -> int:
 def _write_one(args: tuple[SyntheticSpec, str, int, int, str]) -> None:
     spec, split, label, index, path = args
     rng = np.random.default_rng(_image_seed(spec, split, label, index))
-    Image.fromarray(render_image(label, rng)).save(path, format="JPEG", quality=spec.jpeg_quality)
+    image = render_image(label, rng, spec.max_side)
+    Image.fromarray(image).save(path, format="JPEG", quality=spec.jpeg_quality)
 
 
 def _jobs(spec: SyntheticSpec, root: Path) -> list[tuple[SyntheticSpec, str, int, int, str]]:
