@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 ARGS ?=
 
-.PHONY: install train eval test test-fast data lint format bench clean clean-cache
+.PHONY: install train eval test test-fast data lint format bench bench-scale clean clean-cache
 
 install: $(STAMP)
 
@@ -55,3 +55,8 @@ clean:
 BENCH_ARGS ?=
 bench: install
 	$(PY) -m loaderbench.bench $(BENCH_ARGS)
+
+# Start-up and memory on a generated 1000-class tree of 260,000 small JPEGs (generated once into
+# data/), projected to ImageNet: bench/scale.md, bench/scale.json. Not part of `make test`.
+bench-scale: install
+	$(PY) -W ignore::UserWarning -m loaderbench.bench.scale $(BENCH_ARGS)

@@ -232,3 +232,26 @@ def test_everything_is_written_under_the_output_folder(bench: dict[str, Any]) ->
     assert any((bench["out"] / "work" / "cache").iterdir())
     # ... and the tutorial loader's files went there too, removed once measured.
     assert not any((bench["out"] / "work" / "tutorial").rglob("*.memmap"))
+
+
+def test_bench_scale_quick_measures_start_up_and_worker_memory(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "loaderbench.bench.scale", "--quick", "--out", str(tmp_path)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    result = json.loads((tmp_path / "scale.json").read_text())
+    assert result["files"] == 20 * 15 and result["train_files"] == 20 * 12
+    assert result["first_scan_s"] > 0 and result["index_load_s"] > 0
+    assert result["reopen_cache_built"] is False  # the second memmap run reopened its cache
+    for key in ("scan_run_first_batch_s", "index_run_first_batch_s", "reopen_first_batch_s"):
+        assert 0 < result[key] < 600
+    for layout in ("worker_growth_mb_index", "worker_growth_mb_strings"):
+        assert result[layout]["workers"] == 8
+    assert result["jpeg_build_images_per_s"] > 0
+    text = (tmp_path / "scale.md").read_text()
+    assert f"{result['files']:,} files" in text and "projected to ImageNet" in text
+    assert list((tmp_path / "work" / "scale-quick" / "index").glob("dataset-*.npz"))
