@@ -552,6 +552,27 @@ def test_the_deferred_crop_path_gets_the_same_boxes_and_flips(
         deferred.close()
 
 
+@pytest.mark.parametrize("train", [False, True])
+def test_the_jpeg_store_decoded_as_one_batch_gives_the_threads_batches(
+    tiny_root: Path, tmp_path: Path, train: bool
+) -> None:
+    """On CUDA a jpeg batch is decoded by one batched call where it goes (nvJPEG). Forced here
+    on the CPU, where the same batched call runs libjpeg-turbo, that path must give exactly the
+    reading threads' batches."""
+    index = index_of(tiny_root)
+    split = index.train if train else index.val
+    stores = {"store": "jpeg", "val_store": "jpeg"}
+    in_threads = make_loader(split, tmp_path, train=train, **stores)
+    batched = make_loader(split, tmp_path, train=train, **stores)
+    batched._decode_on_device = True
+    try:
+        for a, b in zip(in_threads, batched, strict=True):
+            assert torch.equal(a.labels, b.labels) and torch.equal(a.images, b.images)
+    finally:
+        in_threads.close()
+        batched.close()
+
+
 def test_data_parallel_ranks_share_val_exactly_once(tiny_root: Path, tmp_path: Path) -> None:
     index = index_of(tiny_root)
     labels = []

@@ -196,7 +196,8 @@ def resized_crop_images(
     flips: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """``resized_crop_batch_uint8`` for uint8 CHW images of any sizes (one box each)."""
+    """``resized_crop_batch_uint8`` for uint8 CHW images of any sizes (one box each), on the
+    CPU (uint8 kernel) or a GPU (through float)."""
     import torch.nn.functional as F
 
     n, channels = len(images), images[0].shape[0] if len(images) else 3
@@ -205,7 +206,11 @@ def resized_crop_images(
     flip_list = [False] * n if flips is None else flips.tolist()
     for i, (top, left, h, w) in enumerate(boxes.tolist()):
         crop = images[i][None, :, top : top + h, left : left + w]
+        if crop.device.type != "cpu":  # the GPU's antialiased resize works in float
+            crop = crop.float()
         resized = F.interpolate(crop, size=(size, size), mode="bilinear", antialias=True)[0]
+        if resized.dtype != torch.uint8:
+            resized = resized.round_().clamp_(0, 255).to(torch.uint8)
         out[i].copy_(resized.flip(-1) if flip_list[i] else resized)
     return out
 

@@ -51,11 +51,13 @@ log = logging.getLogger(__name__)
 class _Gathered:
     """A batch as the reading threads hand it over: on the CPU (pinned on CUDA)."""
 
-    images: torch.Tensor
+    images: torch.Tensor | None
     labels: torch.Tensor
     # Train batches still to be cropped on the device: (top, left, h, w) per image, and flips.
     boxes: torch.Tensor | None = None
     flips: torch.Tensor | None = None
+    # A jpeg store's batch still to be decoded on the device: each image's bytes.
+    encoded: list[torch.Tensor] | None = None
 
 
 class BufferPool:
@@ -148,9 +150,10 @@ class MemmapLoader(Loader):
         self._live: weakref.WeakSet = weakref.WeakSet()  # iterators not yet finished
         self._pools: set[ThreadPoolExecutor] = set()
         self._lock = threading.Lock()
-        # Raw train rows are cropped where the batch goes (the GPU); decoded JPEGs differ in
-        # size, so the reading threads crop them.
+        # Raw train rows are cropped where the batch goes (the GPU); a jpeg store's batch is
+        # decoded there too, by one batched nvJPEG call, then cropped image by image.
         self._crop_on_device = spec.train and spec.device.type != "cpu" and not self._jpeg
+        self._decode_on_device = self._jpeg and spec.device.type == "cuda"
         # Enough buffers for the batches in flight, the one the caller holds, and one spare.
         capacity = self.batches_in_flight() + 2
         self._gather_pool = BufferPool((spec.batch_size, *stored_row), capacity)
@@ -199,22 +202,51 @@ class MemmapLoader(Loader):
         """A jpeg store's batch: each image's bytes decoded (libjpeg-turbo, GIL released), then
         cropped, resized and flipped (train) or taken as stored (val) into one batch."""
         spans = [self._spans[i] for i in indices.tolist()]
+        labels = self._labels[indices]
+        boxes = flips = None
+        if self.spec.train:
+            boxes, flips = self.spec.random_crops(
+                self._heights[indices], self._widths[indices], epoch, indices.tolist()
+            )
+        if self._decode_on_device:  # the bytes only: decoded where the batch goes
+            encoded = [self._bytes[start:stop].clone() for start, stop in spans]
+            return _Gathered(None, labels, boxes, flips, encoded)
         images = [decode_jpeg_cpu(self._bytes[start:stop]) for start, stop in spans]
         out = self._crop_pool.take(len(images)).permute(0, 3, 1, 2)
-        labels = self._labels[indices]
-        if not self.spec.train:
+        return _Gathered(self._finish(images, boxes, flips, out), labels)
+
+    def _finish(
+        self,
+        images: list[torch.Tensor],
+        boxes: torch.Tensor | None,
+        flips: torch.Tensor | None,
+        out: torch.Tensor,
+    ) -> torch.Tensor:
+        """Decoded images into one batch: the stored val crops as they are, train images
+        cropped, resized and flipped."""
+        if boxes is None:
             for row, image in zip(out, images, strict=True):
                 row.copy_(image)
-            return _Gathered(out, labels)
-        boxes, flips = self.spec.random_crops(
-            self._heights[indices], self._widths[indices], epoch, indices.tolist()
-        )
-        return _Gathered(
-            resized_crop_images(images, boxes, self.spec.image_size, flips, out), labels
-        )
+            return out
+        return resized_crop_images(images, boxes, self.spec.image_size, flips, out)
+
+    def _decode_batch_on_device(self, gathered: _Gathered) -> Batch:
+        """One batched nvJPEG call for the batch's bytes, then its crops on the device."""
+        from torchvision.io import ImageReadMode, decode_jpeg
+
+        device = self.spec.device
+        assert gathered.encoded is not None
+        images = decode_jpeg(gathered.encoded, mode=ImageReadMode.RGB, device=device)
+        size, n = self.spec.image_size, len(images)
+        out = torch.empty((n, 3, size, size), dtype=torch.uint8, device=device)
+        labels = gathered.labels.to(device, non_blocking=True)
+        return Batch(self._finish(list(images), gathered.boxes, gathered.flips, out), labels)
 
     def _deliver(self, gathered: _Gathered) -> Batch:
         """Move a gathered batch to the device and finish it there (runs in the caller)."""
+        if gathered.encoded is not None:
+            return self._decode_batch_on_device(gathered)
+        assert gathered.images is not None
         batch = to_device(
             Batch(gathered.images, gathered.labels),
             self.spec.device,
