@@ -33,8 +33,9 @@ class Settings(LoaderSettings):
     val_store: str = "raw"
     # The stored long side of train images (null: the train_store_ratio / min_side rule).
     store_max_side: int | None = None
-    # JPEG quality of the jpeg store (1-100).
-    store_quality: int = 90
+    # JPEG quality of the jpeg store (1-100). 95, not the usual 90: on the default recipe over
+    # six seeds, q90 cost 3.1 points of top1 against raw, q95 0.3, for ~1.5x q90's bytes.
+    store_quality: int = 95
 
     def checks(self) -> list[Check]:
         ratio, side = self.train_store_ratio, self.train_store_min_side
