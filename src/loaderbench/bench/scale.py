@@ -17,7 +17,6 @@ import json
 import os
 import subprocess
 import sys
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -89,18 +88,16 @@ def worker_growth_mb(split: Any, workers: int = WORKERS) -> dict[str, float]:
     an epoch of the torchvision train pipeline, mean and max over the workers, in MB."""
     import torch
 
-    from loaderbench.loaders import build_loader, settings_class
+    from loaderbench.loaders import LoaderSpec, build_loader, settings_class
 
     batch = max(1, min(256, len(split) // (4 * workers)))  # at least 4 batches a worker
-    settings = settings_class("torchvision")(name="torchvision", batch_size=batch)
-    settings.num_workers, settings.prefetch = workers, 2 * workers
-    spec_args = {"train": True, "image_size": 32, "device": torch.device("cpu")}
-    from loaderbench.loaders import LoaderSpec
-
-    loader = build_loader(LoaderSpec(split=split, settings=settings, **spec_args))
+    settings = settings_class("torchvision")(
+        name="torchvision", batch_size=batch, num_workers=workers, prefetch=2 * workers
+    )
+    spec = LoaderSpec(split, True, 32, torch.device("cpu"), settings)
+    loader = build_loader(spec)
     first: dict[int, int] = {}
     last: dict[int, int] = {}
-    stop = threading.Event()
 
     def sample(into: dict[int, int]) -> None:
         for child in psutil.Process().children():
@@ -115,7 +112,6 @@ def worker_growth_mb(split: Any, workers: int = WORKERS) -> dict[str, float]:
                 sample(first)
         sample(last)
     finally:
-        stop.set()
         loader.close()
     growth = [(last[pid] - first[pid]) / 2**20 for pid in first if pid in last]
     return {"mean": sum(growth) / len(growth), "max": max(growth), "workers": len(growth)}

@@ -62,6 +62,7 @@ from tqdm import tqdm
 
 from loaderbench.data import Split
 from loaderbench.images import load_rgb, max_pixels, open_checked, to_rgb
+from loaderbench.loaders.memmap.settings import Settings
 from loaderbench.locking import FileLock, SharedHold, atomic_write_text
 from loaderbench.stopping import critical_section, raise_if_stop_requested
 from loaderbench.transforms import pil_val_transform
@@ -105,8 +106,10 @@ class JpegCache(TensorClass):
     widths: torch.Tensor  # int32 (N,)
 
 
-# What JPEG at quality 90 keeps of raw pixels, for the space check before a build; measured on
-# the synthetic set and ImageNet-like photos: 12-20%.
+DEFAULT_QUALITY = Settings.store_quality  # the one default, in the settings
+
+# What JPEG at quality 90-95 keeps of raw pixels, for the space check before a build; measured
+# on the synthetic set: 6-14%; photos keep more.
 JPEG_BYTES_ESTIMATE = 0.25
 
 
@@ -118,7 +121,7 @@ class StorePolicy:
     image_size: int  # the model's input size
     stored_size: int  # crop: image_size; fit: the canvas side L (the stored long side)
     codec: str = "raw"  # raw: decoded pixels; jpeg: re-encoded JPEG bytes
-    quality: int = 90  # jpeg only
+    quality: int = DEFAULT_QUALITY  # jpeg only
 
     @classmethod
     def for_split(
@@ -128,7 +131,7 @@ class StorePolicy:
         train_store_ratio: float,
         min_side: int = 0,
         codec: str = "raw",
-        quality: int = 90,
+        quality: int = DEFAULT_QUALITY,
         max_side: int | None = None,
     ) -> StorePolicy:
         if not train:
