@@ -259,67 +259,11 @@ def encode_stored(pixels: torch.Tensor, policy: StorePolicy) -> torch.Tensor:
     return encode_jpeg(chw.contiguous(), quality=policy.quality)
 
 
-class _BuildChunks(Dataset):
-    """Chunk ``c`` decodes images [c * chunk, (c + 1) * chunk) straight into the mapped file.
+class _Chunks(Dataset):
+    """Chunk ``c`` decodes images [c * chunk, (c + 1) * chunk) as the store keeps them, and
+    hands each to ``keep``; returns (first index, sizes, errors, the chunk's payload)."""
 
-    Workers open the images file by path, shared and writable, so decoded pixels go to the page
-    cache once, with no copy through the main process; they return only sizes and errors.
-    """
-
-    def __init__(
-        self,
-        split: Split,
-        policy: StorePolicy,
-        images_file: str,
-        num_images: int,
-        skip_errors: bool,
-        chunk: int = BUILD_CHUNK,
-    ) -> None:
-        self.paths = split.paths
-        self.policy = policy
-        self.images_file = images_file
-        self.shape = (num_images, *policy.image_shape())
-        self.skip_errors = skip_errors
-        self.chunk = chunk
-        self._images: torch.Tensor | None = None
-
-    def __len__(self) -> int:
-        return -(-len(self.paths) // self.chunk)
-
-    def _rows(self) -> torch.Tensor:
-        if self._images is None:  # opened in the worker, after the fork
-            self._images = MemoryMappedTensor.from_filename(
-                self.images_file, torch.uint8, self.shape, mode="r+"
-            )
-        return self._images
-
-    def __getitem__(self, chunk: int) -> tuple[int, torch.Tensor, list[tuple[int, str]]]:
-        rows = self._rows()
-        start = chunk * self.chunk
-        stop = min(start + self.chunk, len(self.paths))
-        sizes = torch.zeros((stop - start, 2), dtype=torch.int32)
-        errors: list[tuple[int, str]] = []
-        for i in range(start, stop):
-            path = self.paths[i]
-            try:
-                pixels = decode_stored(path, self.policy)
-            except Exception as error:
-                if not self.skip_errors:
-                    raise OSError(f"cannot read image {path}: {error}") from error
-                errors.append((i, f"{type(error).__name__}: {error}"))
-                continue
-            if self.policy.kind == "crop":
-                rows[i].copy_(pixels)
-                sizes[i - start] = torch.tensor(pixels.shape[1:])
-            else:
-                write_fit(rows[i], pixels)
-                sizes[i - start] = torch.tensor(pixels.shape[:2])
-        return start, sizes, errors, None
-
-
-class _EncodeChunks(Dataset):
-    """Chunk ``c`` decodes, resizes and re-encodes images [c * chunk, (c + 1) * chunk); the
-    bytes travel back to the main process, which appends them to the store's one file."""
+    missing: Any = None  # the payload item of an unreadable image
 
     def __init__(
         self, split: Split, policy: StorePolicy, skip_errors: bool, chunk: int = BUILD_CHUNK
@@ -332,14 +276,18 @@ class _EncodeChunks(Dataset):
     def __len__(self) -> int:
         return -(-len(self.paths) // self.chunk)
 
-    def __getitem__(self, chunk: int) -> tuple[int, torch.Tensor, list, list[bytes]]:
+    def keep(self, index: int, pixels: torch.Tensor) -> Any:
+        raise NotImplementedError
+
+    def payload(self, items: list[Any]) -> Any:
+        return items
+
+    def __getitem__(self, chunk: int) -> tuple[int, torch.Tensor, list[tuple[int, str]], Any]:
         start = chunk * self.chunk
         stop = min(start + self.chunk, len(self.paths))
         sizes = torch.zeros((stop - start, 2), dtype=torch.int32)
         errors: list[tuple[int, str]] = []
-        # Plain bytes, not tensors: a tensor crosses from a worker as a shared-memory file
-        # descriptor, one per image, which is a lot of descriptor traffic for nothing.
-        encoded: list[bytes] = []
+        items: list[Any] = []
         for i in range(start, stop):
             path = self.paths[i]
             try:
@@ -348,12 +296,51 @@ class _EncodeChunks(Dataset):
                 if not self.skip_errors:
                     raise OSError(f"cannot read image {path}: {error}") from error
                 errors.append((i, f"{type(error).__name__}: {error}"))
-                encoded.append(b"")
+                items.append(self.missing)
                 continue
             hw = pixels.shape[1:] if self.policy.kind == "crop" else pixels.shape[:2]
             sizes[i - start] = torch.tensor(hw)
-            encoded.append(encode_stored(pixels, self.policy).numpy().tobytes())
-        return start, sizes, errors, encoded
+            items.append(self.keep(i, pixels))
+        return start, sizes, errors, self.payload(items)
+
+
+class _RawChunks(_Chunks):
+    """Decoded pixels written straight into the mapped file. Workers open the images file by
+    path, shared and writable, so pixels go to the page cache once, with no copy through the
+    main process; they return only sizes and errors."""
+
+    def __init__(self, split: Split, policy: StorePolicy, images_file: str, skip: bool) -> None:
+        super().__init__(split, policy, skip)
+        self.images_file = images_file
+        self.shape = (len(split), *policy.image_shape())
+        self._images: torch.Tensor | None = None
+
+    def _rows(self) -> torch.Tensor:
+        if self._images is None:  # opened in the worker, after the fork
+            self._images = MemoryMappedTensor.from_filename(
+                self.images_file, torch.uint8, self.shape, mode="r+"
+            )
+        return self._images
+
+    def keep(self, index: int, pixels: torch.Tensor) -> None:
+        if self.policy.kind == "crop":
+            self._rows()[index].copy_(pixels)
+        else:
+            write_fit(self._rows()[index], pixels)
+
+    def payload(self, items: list[Any]) -> None:
+        return None
+
+
+class _JpegChunks(_Chunks):
+    """Re-encoded JPEG bytes, sent back to the main process, which appends them to the
+    store's one file. Plain bytes, not tensors: a tensor crosses from a worker as a
+    shared-memory file descriptor, one per image, which is a lot of descriptor traffic."""
+
+    missing = b""
+
+    def keep(self, index: int, pixels: torch.Tensor) -> bytes:
+        return encode_stored(pixels, self.policy).numpy().tobytes()
 
 
 def _fsync_tree(folder: Path) -> None:
@@ -539,7 +526,7 @@ def build_raw(
 ) -> tuple[ImageCache, Decoded]:
     """Decoded pixels, written by the workers straight into the mapped rows."""
     cache = allocate(dest, split, policy)
-    chunks = _BuildChunks(split, policy, str(cache.images.filename), len(split), skip_errors)
+    chunks = _RawChunks(split, policy, str(cache.images.filename), skip_errors)
     return cache, run_chunks(chunks, split, num_workers, progress)
 
 
@@ -568,7 +555,7 @@ def build_jpeg(
                 out.write(data)
 
         decoded = run_chunks(
-            _EncodeChunks(split, policy, skip_errors), split, num_workers, progress, append
+            _JpegChunks(split, policy, skip_errors), split, num_workers, progress, append
         )
         total = out.tell()
     template = JpegCache(
