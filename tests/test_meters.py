@@ -74,6 +74,27 @@ def test_loop_meter_calls_sync() -> None:
     assert len(calls) == 6  # once when a batch arrives, once after each step
 
 
+def test_loop_meter_drains_the_device_only_at_the_window_edges() -> None:
+    """Without bench.sync_cuda the meter waits for the device twice an epoch: where the
+    measured window opens (after the warm-up) and where it closes; the tail counts."""
+    clock = FakeClock()
+    edges: list[int] = []
+
+    def drain() -> None:
+        edges.append(len(meter.intervals))
+        clock.now += 5.0  # the device's queued steps
+
+    meter = LoopMeter(warmup_batches=2, clock=clock, window_sync=drain)
+    for _ in meter.iterate(timed_loader(clock, [0.0] * 10)):
+        clock.now += 1.0
+    assert edges == [1, 10]  # after the 2nd batch's step; after the last
+    assert meter.intervals[1] == pytest.approx(6.0) and meter.intervals[-1] == pytest.approx(6.0)
+    assert meter.summary()["images_per_s"] == pytest.approx(8 * 4 / (8 + 5.0))
+    for _ in meter.iterate(timed_loader(clock, [0.0] * 3), max_batches=2):  # a second epoch
+        clock.now += 1.0
+    assert edges == [1, 10, 12]
+
+
 @pytest.mark.slow
 def test_process_tree_counts_children_cpu_and_memory() -> None:
     child_code = (

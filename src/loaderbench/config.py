@@ -92,6 +92,9 @@ class LoggerConfig:
     mode: str | None = None
     tags: list[str] = field(default_factory=list)
     init_timeout_s: float = 20.0
+    # The training loop reads its loss from the device every this many steps (and at the end
+    # of an epoch), never in between: the log points of the progress bar and the step curves.
+    log_every_n_steps: int = 50
 
 
 @dataclass
@@ -119,8 +122,9 @@ class BenchConfig:
     max_batches: int | None = None
     # Passes over the data in a model=none run.
     epochs: int = 1
-    # Wait for the device after each step, so compute and data time are not blurred.
-    sync_cuda: bool = True
+    # Wait for the device after each batch's arrival and each step: a per-step breakdown of
+    # data and compute time, at the cost of the overlap a real run has (see meters.py).
+    sync_cuda: bool = False
     # Evict the image files and the loader's cache files from the page cache before the run
     # (posix_fadvise DONTNEED), to measure a cold first epoch.
     drop_page_cache: bool = False

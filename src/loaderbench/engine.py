@@ -1,8 +1,15 @@
-"""The loops: one training epoch, one evaluation pass, and the loader-alone benchmark pass."""
+"""The loops: one training epoch, one evaluation pass, and the loader-alone benchmark pass.
+
+None of them waits for the device per step. Loss and accuracy are summed on the device and read
+(``read_scalar``, a device-to-host copy that waits for every step queued before it) only at log
+points: every ``log_every`` steps and at the end of the loop. The reference trainers do the
+same; a ``float(loss)`` per step would keep the host from running ahead, so the next batch's
+copy and decode could not overlap the current step.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import torch
@@ -53,6 +60,21 @@ class TrainStep:
         return loss.detach()
 
 
+def read_scalar(value: torch.Tensor) -> float:
+    """The one device-to-host read of the loops (waits for the device's queued work)."""
+    return float(value)
+
+
+@dataclass(frozen=True)
+class StepLog:
+    """What a log point knows: the steps and images so far in this epoch, and the mean loss
+    of the steps since the previous log point."""
+
+    steps: int
+    images: int
+    loss: float
+
+
 def train_one_epoch(
     step: TrainStep,
     loader: Loader,
@@ -60,19 +82,41 @@ def train_one_epoch(
     *,
     max_batches: int | None = None,
     desc: str = "train",
+    log_every: int = 50,
+    on_log: Callable[[StepLog], None] | None = None,
+    read: Callable[[torch.Tensor], float] = read_scalar,
 ) -> float:
-    """One pass of training; returns the epoch's mean loss."""
+    """One pass of training; returns the epoch's mean loss. The loss is summed on the device
+    and read every ``log_every`` steps (and at the end), nowhere else."""
     step.model.train()
-    loss_avg = Average()
+    epoch_loss = Average()
+    interval_sum: torch.Tensor | None = None  # on the device: sum of loss x images
+    interval_images = steps = 0
+
+    def log_point() -> None:
+        nonlocal interval_sum, interval_images
+        if interval_sum is None:
+            return
+        mean = read(interval_sum) / interval_images
+        epoch_loss.update(mean, interval_images)
+        bar.set_postfix(loss=f"{mean:.3f}", refresh=False)
+        if on_log is not None:
+            on_log(StepLog(steps, epoch_loss.count, mean))
+        interval_sum, interval_images = None, 0
+
     with progress(loader, desc) as bar:
         for batch in meter.iterate(loader, max_batches):
             loss = step(batch)
             n = batch.labels.shape[0]
-            loss_value = float(loss)
-            loss_avg.update(loss_value, n)
+            weighted = loss.float() * n
+            interval_sum = weighted if interval_sum is None else interval_sum + weighted
+            interval_images += n
+            steps += 1
             bar.update(n)
-            bar.set_postfix(loss=f"{loss_avg.mean:.3f}", refresh=False)
-    return loss_avg.mean
+            if steps % log_every == 0:
+                log_point()
+        log_point()
+    return epoch_loss.mean
 
 
 @dataclass
@@ -103,7 +147,9 @@ def evaluate(
     *,
     max_batches: int | None = None,
     desc: str = "val",
+    read: Callable[[torch.Tensor], float] = read_scalar,
 ) -> EvalCounts:
+    """One pass over ``loader``; the counts stay on the device until the end."""
     model.eval()
     top1 = torch.zeros((), dtype=torch.int64, device=device)
     top5 = torch.zeros((), dtype=torch.int64, device=device)
@@ -122,7 +168,7 @@ def evaluate(
             loss_sum += nn.functional.cross_entropy(logits, batch.labels, reduction="sum")
             images += batch.labels.shape[0]
             bar.update(batch.labels.shape[0])
-    return EvalCounts(images, int(top1), int(top5), float(loss_sum))
+    return EvalCounts(images, int(read(top1)), int(read(top5)), read(loss_sum))
 
 
 def consume(

@@ -180,6 +180,7 @@ def fit(
                 meter,
                 max_batches=cfg.bench.max_batches,
                 desc=f"epoch {epoch + 1}/{cfg.epochs}",
+                log_every=cfg.logger.log_every_n_steps,
             )
         val = validate(session, training.eval_model, val_loader, f"val {epoch + 1}/{cfg.epochs}")
         (loss_sum,) = distributed.all_reduce([loss])

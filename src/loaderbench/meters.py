@@ -8,8 +8,15 @@ so that
   ``ttfb_s``);
 * ``data_wait_frac`` is the share of that steady-state wall time spent blocked on the loader.
 
-On CUDA the copies are asynchronous, so a batch "arrives" only once the device has it: the meter
-calls ``sync`` (``torch.cuda.synchronize``) inside the wait and after each step.
+On CUDA the host runs ahead of the device, and the meter does not make it wait every step
+(that would keep the next batch's copy and decode from overlapping the current step, and make
+every loader look alike). It drains the device (``window_sync``) twice an epoch, where the
+measured window opens (after the warm-up batches) and where it closes, so the steady-state
+time is the device's as well as the host's; inside the window ``data_wait_frac`` is the share
+of the host's time spent blocked on the loader. A loader that keeps up leaves the host
+waiting on the device instead (at the loop's periodic loss reads, or when CUDA's launch queue
+is full), and its wait is near 0; one that does not shows up as wait. ``sync`` (per step,
+``bench.sync_cuda=true``) restores the old per-step breakdown at the cost of that overlap.
 
 ``ProcessTreeMonitor`` samples this process and all its descendants (DataLoader workers, SPDL
 has none) for CPU time and resident memory (proportional set size, so pages shared between
@@ -40,7 +47,8 @@ def _batch_size(batch: Any) -> int:
 @dataclass
 class LoopMeter:
     warmup_batches: int = 3
-    sync: Sync | None = None
+    sync: Sync | None = None  # after every batch's arrival and step (bench.sync_cuda)
+    window_sync: Sync | None = None  # where the measured window opens and closes
     clock: Callable[[], float] = time.perf_counter
     waits: list[float] = field(default_factory=list)
     intervals: list[float] = field(default_factory=list)
@@ -49,19 +57,18 @@ class LoopMeter:
 
     def iterate(self, loader: Iterable[Any], max_batches: int | None = None) -> Iterator[Any]:
         """Yield the loader's batches, timing each; one call per epoch."""
-        clock, sync = self.clock, self.sync
+        clock, sync, edge = self.clock, self.sync, self.window_sync
         epoch_start = clock()
         iterator = iter(loader)
         count = 0
+        tail_start: float | None = None
         while max_batches is None or count < max_batches:
             raise_if_stop_requested()
             start = clock()
             try:
                 batch = next(iterator)
             except StopIteration:
-                # The tail of an epoch (draining, worker shutdown) belongs to the last batch.
-                if self.intervals and count:
-                    self.intervals[-1] += clock() - start
+                tail_start = start
                 break
             if sync is not None:
                 sync()
@@ -74,7 +81,16 @@ class LoopMeter:
             yield batch
             if sync is not None:
                 sync()
+            if edge is not None and len(self.intervals) + 1 == self.warmup_batches:
+                edge()  # the warm-up's queued work is not the steady state's
             self.intervals.append(clock() - start)
+        # The tail of an epoch (the device's queued steps, draining, worker shutdown) belongs
+        # to the last batch.
+        if self.intervals and count:
+            tail_start = clock() if tail_start is None else tail_start
+            if edge is not None:
+                edge()
+            self.intervals[-1] += clock() - tail_start
         if isinstance(iterator, Iterator) and hasattr(iterator, "close"):
             iterator.close()  # a generator cut short by max_batches releases its resources now
 

@@ -102,8 +102,9 @@ class Session:
         is the time from the process's start (interpreter and imports included) to here, so
         ``startup_s + ttfb_s`` is what a user waits for the first batch."""
         self.metrics.setdefault("startup_s", time.time() - psutil.Process().create_time())
-        sync = synchronizer(self.device) if self.cfg.bench.sync_cuda else None
-        return LoopMeter(warmup_batches=self.cfg.bench.warmup_batches, sync=sync)
+        edges = synchronizer(self.device)
+        sync = edges if self.cfg.bench.sync_cuda else None
+        return LoopMeter(self.cfg.bench.warmup_batches, sync=sync, window_sync=edges)
 
     def loop_metrics(self, meter: LoopMeter, window: CpuWindow) -> dict[str, Any]:
         """A loop's numbers over every rank (images and throughput summed)."""

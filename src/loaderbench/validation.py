@@ -43,6 +43,11 @@ def _run_checks(cfg: DictConfig) -> list[Check]:
         (cfg.image_size is None or cfg.image_size >= 8, "image_size must be >= 8", cfg.image_size),
         (cfg.epochs >= 1, "epochs must be >= 1", cfg.epochs),
         (stop_after is None or stop_after >= 1, "train.stop_after_epochs must be >= 1", stop_after),
+        (
+            cfg.logger.log_every_n_steps >= 1,
+            "logger.log_every_n_steps must be >= 1",
+            cfg.logger.log_every_n_steps,
+        ),
         (bench.warmup_batches >= 0, "bench.warmup_batches must be >= 0", bench.warmup_batches),
         (
             bench.max_batches is None or bench.max_batches >= 1,

@@ -1,0 +1,128 @@
+"""The loops read from the device only at log points: counted, not assumed."""
+
+from __future__ import annotations
+
+import itertools
+from types import SimpleNamespace
+
+import pytest
+import torch
+from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from loaderbench.engine import StepLog, TrainStep, evaluate, train_one_epoch
+from loaderbench.loaders import Batch
+from loaderbench.meters import LoopMeter
+from loaderbench.runtime import PRECISIONS
+
+
+class ScalarReads(TorchDispatchMode):
+    """Counts every tensor-to-Python-number read (``float(t)``, ``t.item()``, ``int(t)``,
+    ``bool(t)``): on CUDA each one is a device-to-host copy that waits for the device."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is torch.ops.aten._local_scalar_dense.default:
+            self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+class InMemoryLoader:
+    def __init__(self, batches: int, batch_size: int = 4, classes: int = 3) -> None:
+        generator = torch.Generator().manual_seed(0)
+        shape = (batch_size, 3, 8, 8)
+        self.spec = SimpleNamespace(batch_size=batch_size)
+        self.batches = [
+            Batch(
+                torch.randint(0, 256, shape, dtype=torch.uint8, generator=generator),
+                torch.randint(0, classes, (batch_size,), generator=generator),
+            )
+            for _ in range(batches)
+        ]
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    def __iter__(self):
+        return iter(self.batches)
+
+
+class Tiny(nn.Module):
+    def __init__(self, classes: int = 3) -> None:
+        super().__init__()
+        self.fc = nn.Linear(3 * 8 * 8, classes)
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        return self.fc(images.float().flatten(1) / 255)
+
+
+def train_step(model: nn.Module) -> TrainStep:
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    precision = PRECISIONS["fp32"][0]
+    device = torch.device("cpu")
+    return TrainStep(
+        model=model,
+        optimizer=optimizer,
+        scheduler=torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0),
+        criterion=nn.CrossEntropyLoss(),
+        precision=precision,
+        scaler=precision.grad_scaler(device),
+        device=device,
+        grad_clip=1.0,
+    )
+
+
+@pytest.mark.parametrize(("steps", "every"), [(120, 50), (7, 50), (10, 1)])
+def test_training_reads_the_loss_once_per_log_interval(steps: int, every: int) -> None:
+    torch.manual_seed(0)
+    hook_reads: list[float] = []
+    logs: list[StepLog] = []
+
+    def read(value: torch.Tensor) -> float:
+        hook_reads.append(float(value))
+        return hook_reads[-1]
+
+    step = train_step(Tiny())
+    with ScalarReads() as every_read:
+        mean = train_one_epoch(
+            step,
+            InMemoryLoader(steps),
+            LoopMeter(warmup_batches=1),
+            log_every=every,
+            on_log=logs.append,
+            read=read,
+        )
+    expected = -(-steps // every)  # the log points, the end of the epoch included
+    assert len(hook_reads) == expected
+    # Nothing else in the step (optimizer, clipping, scheduler, the meter) reads either.
+    assert every_read.count == expected
+    assert [log.steps for log in logs] == [min(every * (i + 1), steps) for i in range(expected)]
+    assert logs[-1].images == steps * 4
+    intervals = [logs[0].steps, *(b.steps - a.steps for a, b in itertools.pairwise(logs))]
+    weighted = sum(log.loss * n for log, n in zip(logs, intervals, strict=True)) / steps
+    assert mean == pytest.approx(weighted)
+
+
+def test_the_epoch_loss_is_the_mean_over_steps() -> None:
+    """The device-side sum gives what a per-step float(loss) average would."""
+    torch.manual_seed(0)
+    loader, model = InMemoryLoader(9), Tiny()
+    reference = Tiny()
+    reference.load_state_dict(model.state_dict())
+    mean = train_one_epoch(train_step(model), loader, LoopMeter(), log_every=4)
+    ref_step, losses = train_step(reference), []
+    for batch in loader:
+        losses.append(float(ref_step(batch)))
+    assert mean == pytest.approx(sum(losses) / len(losses), rel=1e-6)
+
+
+def test_evaluation_reads_its_counts_once_at_the_end() -> None:
+    model = Tiny()
+    precision = PRECISIONS["fp32"][0]
+    with ScalarReads() as reads:
+        counts = evaluate(model, InMemoryLoader(20), precision, torch.device("cpu"), LoopMeter())
+    assert counts.images == 80
+    assert reads.count == 3  # top1, top5, loss sum
