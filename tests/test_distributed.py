@@ -132,3 +132,52 @@ def test_torchrun_two_processes(name: str, small_root: Path, tmp_path: Path) -> 
     )
     (eval_dir,) = run_dirs(eval_cwd, "eval")
     assert abs(read_metrics(eval_dir)["top1"] - metrics["top1"]) <= 0.005
+
+
+@pytest.mark.slow
+def test_a_failing_rank_ends_the_job_within_seconds(small_root: Path, tmp_path: Path) -> None:
+    """Rank 1 meets an unreadable file (dataset.on_error=raise) in its second batch while rank 0
+    waits for it in DDP's gradient all-reduce: the job ends at once with the file named, not
+    after the process group's timeout."""
+    import shutil
+    import time
+
+    from loaderbench.loaders.base import epoch_permutation
+
+    root = tmp_path / "data"
+    shutil.copytree(small_root, root)
+    train = folder_index(root).train
+    rank1 = shard_indices(epoch_permutation(len(train), 0, 0, shuffle=True), 16, True, 1, 2)
+    bad = Path(train.paths[int(rank1[20])])  # rank 1's second batch
+    bad.write_bytes(bad.read_bytes()[:300])
+    started = time.monotonic()
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node=2",
+            str(REPO / "train.py"),
+            "device=cpu",
+            "loader=torchvision",
+            "loader.num_workers=0",
+            f"dataset.root={root}",
+            "dataset.on_error=raise",
+            "epochs=1",
+            "model.name=test_resnet",
+            "loader.batch_size=16",
+            "logger=none",
+        ],
+        cwd=tmp_path,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    elapsed = time.monotonic() - started
+    assert proc.returncode != 0
+    assert bad.name in proc.stdout + proc.stderr
+    assert elapsed < 90, f"the job took {elapsed:.0f} s to end"
+    (run_dir,) = run_dirs(tmp_path, "train")
+    assert read_metrics(run_dir)["status"] in ("failed", "interrupted")

@@ -38,11 +38,7 @@ from loaderbench.loaders.memmap.cache import (
 )
 from loaderbench.loaders.memmap.loader import MemmapLoader
 from loaderbench.locking import FileLock
-from loaderbench.transforms import (
-    pil_val_transform,
-    resized_crop_batch,
-    resized_crop_batch_uint8,
-)
+from loaderbench.transforms import crop_resize_flip_batch, pil_val_transform
 from tests.conftest import REPO, cpu_spec, read_metrics, run_dirs, run_entry, single_run
 
 SIZE = 32  # model input size in these tests; train images are stored with a long side of 48
@@ -185,7 +181,7 @@ JPEG_MEAN_ERROR_64 = 7.5  # per image (measured max 6.8)
 def test_the_jpeg_store_round_trips_within_jpeg_error_at_a_fraction_of_the_bytes(
     tiny_root: Path, tmp_path: Path
 ) -> None:
-    from loaderbench.images import decode_jpeg_cpu
+    from loaderbench.jpeg import decode_cpu
     from loaderbench.loaders.memmap.cache import JpegCache, decode_stored, stored_bytes
 
     index = index_of(tiny_root)
@@ -198,7 +194,7 @@ def test_the_jpeg_store_round_trips_within_jpeg_error_at_a_fraction_of_the_bytes
         data = jpeg.cache.data
         assert isinstance(data, JpegCache) and data.batch_size == torch.Size([])
         for i, path in enumerate(split.paths):
-            stored = decode_jpeg_cpu(stored_bytes(data, i))
+            stored = decode_cpu(stored_bytes(data, i))
             direct = decode_stored(path, jpeg.policy)
             direct = direct if not train else direct.permute(2, 0, 1)
             assert stored.shape == direct.shape
@@ -518,6 +514,20 @@ def test_augmentation_boxes_differ_per_image_and_epoch_stay_in_stored_bounds(
         assert (area <= 1.0).all() and (area >= 0.08 * 0.8).all()  # rounding of tiny boxes
 
 
+def roi_align_crops(
+    images: torch.Tensor, boxes: torch.Tensor, size: int, flips: torch.Tensor
+) -> torch.Tensor:
+    """An independent implementation: torchvision's roi_align (area-averaging when shrinking)
+    over the whole batch in float."""
+    from torchvision.ops import roi_align
+
+    top, left, h, w = boxes.float().unbind(1)
+    rois = torch.stack([torch.arange(len(boxes)).float(), left, top, left + w, top + h], 1)
+    out = roi_align(images.float(), rois, (size, size), 1.0, sampling_ratio=-1, aligned=True)
+    out = torch.where(flips[:, None, None, None], out.flip(-1), out)
+    return out.round().clamp(0, 255).to(torch.uint8)
+
+
 def test_uint8_crop_agrees_with_roi_align_and_flips() -> None:
     generator = torch.Generator().manual_seed(0)
     smooth = torch.nn.functional.interpolate(
@@ -526,12 +536,12 @@ def test_uint8_crop_agrees_with_roi_align_and_flips() -> None:
     images = smooth.round().to(torch.uint8).contiguous(memory_format=torch.channels_last)
     boxes = torch.tensor([[0, 0, 48, 64], [5, 7, 20, 30], [10, 0, 38, 40], [0, 20, 30, 30]])
     flips = torch.tensor([False, True, False, True])
-    fast = resized_crop_batch_uint8(images, boxes, 24, flips)
-    reference = resized_crop_batch(images, boxes, 24, flips)
+    fast = crop_resize_flip_batch(images, boxes, 24, flips)
+    reference = roi_align_crops(images, boxes, 24, flips)
     assert fast.shape == reference.shape == (4, 3, 24, 24) and fast.dtype == torch.uint8
     diff = (fast.int() - reference.int()).abs()
     assert diff.float().mean() < 2.0 and diff.max() <= 40
-    unflipped = resized_crop_batch_uint8(images, boxes, 24)
+    unflipped = crop_resize_flip_batch(images, boxes, 24)
     assert torch.equal(fast[1], unflipped[1].flip(-1)) and torch.equal(fast[0], unflipped[0])
 
 

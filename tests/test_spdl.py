@@ -12,6 +12,7 @@ import torch
 from omegaconf import OmegaConf
 from PIL import Image
 
+from loaderbench.buffers import BatchBuffers
 from loaderbench.config import DatasetConfig
 from loaderbench.data import DatasetIndex, Split, discover
 from loaderbench.images import load_rgb
@@ -425,7 +426,7 @@ def test_nvjpeg_batch_logic_runs_off_the_gpu(
     damaged_root: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The batch path (batched decode, one-by-one retry on a bad file, non-JPEG fallback,
-    plans, stacking) with torchvision's CPU decoder standing in for nvJPEG."""
+    plans, stacking) with the CPU's batched decoder standing in for nvJPEG."""
     monkeypatch.setattr(decoders, "require_cuda", lambda device, what: None)
     index = index_of(damaged_root)
     decoder = decoders.NvjpegDecoder(Geometry(64, train=False), torch.device("cpu"))
@@ -433,7 +434,10 @@ def test_nvjpeg_batch_logic_runs_off_the_gpu(
         decoders.Sample(i, p, lab, 0)
         for i, (p, lab) in enumerate(zip(index.val.paths, index.val.labels, strict=True))
     ]
-    batch = decoder.decode_batch(samples, pin=False)
+    buffers = BatchBuffers(len(samples), (3, 64, 64), capacity=2, pin=False)
+    read = decoder.decode_batch(samples, buffers)
+    assert len(read.jpegs) == 13 and len(read.staged_labels) == 1  # the PNG named .JPEG
+    batch = decoder.to_device(read, buffers)
     assert batch.images.shape == (13, 3, 64, 64) and len(batch.labels) == 13
     assert {Path(f.path).name for f in batch.failures} == BAD_FILES
     reference = pil_val_transform(64)(load_rgb(index.val.paths[0]))
@@ -517,11 +521,11 @@ def test_a_failing_stage_ends_the_epoch_with_its_cause(
     loader = build_loader(spec(index_of(tiny_root).val, train=False))
     real, calls = loader.decoder.decode_batch, []
 
-    def fails_second(samples, pin):
+    def fails_second(samples, buffers):
         calls.append(len(samples))
         if len(calls) == 2:
             raise RuntimeError("pinned buffer exhausted")
-        return real(samples, pin)
+        return real(samples, buffers)
 
     monkeypatch.setattr(loader.decoder, "decode_batch", fails_second)
     with pytest.raises(RuntimeError, match="pinned buffer exhausted"):

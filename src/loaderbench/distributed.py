@@ -60,8 +60,17 @@ def run_id() -> str | None:
 
 
 def init(info: DistInfo, device: torch.device, timeout_s: float = 600) -> None:
+    """Join the job's process group (NCCL on GPUs, gloo on CPUs).
+
+    A rank that fails must end the job within seconds, not leave the others in a collective
+    until ``timeout_s``: the failing rank aborts its communicators as it exits (``shutdown``),
+    torchrun's agent then stops the other ranks (SIGTERM, then SIGKILL after its grace
+    period), and NCCL's asynchronous error handling tears down a rank whose collective errs or
+    times out instead of letting it hang.
+    """
     if not info.enabled or dist.is_initialized():
         return
+    os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
     backend = "nccl" if device.type == "cuda" else "gloo"
     dist.init_process_group(
         backend=backend,
@@ -70,8 +79,15 @@ def init(info: DistInfo, device: torch.device, timeout_s: float = 600) -> None:
     )
 
 
-def shutdown() -> None:
-    if dist.is_initialized():
+def shutdown(failed: bool = False) -> None:
+    """Leave the process group: gracefully after a run that went well; after a failure by
+    aborting it, since a graceful exit would wait for peers still inside a collective."""
+    if not dist.is_initialized():
+        return
+    abort = getattr(dist.distributed_c10d, "_abort_process_group", None)
+    if failed and abort is not None:
+        abort()
+    else:
         dist.destroy_process_group()
 
 

@@ -39,15 +39,18 @@ class Training:
 
 
 def parallel_models(session: Session, model: nn.Module) -> tuple[nn.Module, nn.Module]:
-    """(the model to train, the model to evaluate): DDP around the first in a torchrun job."""
+    """(the model to train, the model to evaluate), compiled alike (``model.compile``) with or
+    without DDP: in a torchrun job DDP wraps the bare model and the wrapper is compiled (so
+    its gradient buckets still overlap the backward pass), and the bare model is compiled
+    apart for evaluation, which needs no gradient synchronisation."""
+    eval_model = maybe_compile(model, session.cfg.model)
     if not session.dist.enabled:
-        compiled = maybe_compile(model, session.cfg.model)
-        return compiled, compiled
+        return eval_model, eval_model
     from torch.nn.parallel import DistributedDataParallel
 
     device_ids = [session.device.index] if session.device.type == "cuda" else None
     wrapped = DistributedDataParallel(model, device_ids=device_ids)
-    return maybe_compile(wrapped, session.cfg.model), model
+    return maybe_compile(wrapped, session.cfg.model), eval_model
 
 
 def start_training(session: Session, model: nn.Module, steps_per_epoch: int) -> Training:

@@ -26,7 +26,6 @@ import warnings
 from typing import BinaryIO
 
 import numpy as np
-import torch
 from PIL import Image
 
 # torchvision 0.29 deprecates its image codecs in favour of TorchCodec; they are still the
@@ -97,14 +96,6 @@ def load_rgb(path: str) -> Image.Image:
     return to_rgb(image)
 
 
-def decode_jpeg_cpu(data: torch.Tensor) -> torch.Tensor:
-    """JPEG bytes (uint8, 1-D) to uint8 RGB CHW with libjpeg-turbo; releases the GIL; EXIF
-    orientation not applied."""
-    from torchvision.io import ImageReadMode, decode_jpeg
-
-    return decode_jpeg(data, mode=ImageReadMode.RGB)
-
-
 def jpeg_size(data: bytes | memoryview) -> tuple[int, int] | None:
     """(width, height) from a JPEG's frame header, without decoding; None if not found."""
     n, i = len(data), 2
@@ -134,7 +125,6 @@ __all__ = [
     "DEFAULT_MAX_PIXELS",
     "ImageTooLarge",
     "check_size",
-    "decode_jpeg_cpu",
     "jpeg_size",
     "load_rgb",
     "max_pixels",

@@ -283,6 +283,12 @@ def _tree_totals(monitor: ProcessTreeMonitor, metrics: dict[str, Any]) -> dict[s
     return {"skipped_files": int(skipped)}
 
 
+def pinned_host_peak_bytes() -> int:
+    """The peak of torch's pinned host memory (the loaders' pools and DataLoader's pinning)."""
+    stats = getattr(torch.cuda, "host_memory_stats", dict)()
+    return int(stats.get("allocated_bytes.peak", stats.get("allocated_bytes.all.peak", 0)))
+
+
 def write_metrics(run_dir: Path, metrics: dict[str, Any]) -> None:
     def clean(value: Any) -> Any:
         if isinstance(value, float) and not math.isfinite(value):
@@ -298,9 +304,11 @@ def _finish(
 ) -> None:
     if metrics["status"] != "ok":  # not reduced over ranks: this rank's own count
         metrics["skipped_files"] = skipped_files(metrics)
+    if session is not None and session.device.type == "cuda":
+        metrics["pinned_host_peak_mb"] = pinned_host_peak_bytes() / 2**20
     if info.is_main:
         write_metrics(run_dir, metrics)
-    distributed.shutdown()
+    distributed.shutdown(failed=metrics["status"] != "ok")
     if session is not None:
         session.logger.summary({k: v for k, v in metrics.items() if v is not None})
         session.logger.finish(exit_code=0 if metrics["status"] == "ok" else 1)

@@ -138,55 +138,26 @@ def seeded_crops(
     return random_crops(torch.as_tensor(heights), torch.as_tensor(widths), draws, scale, ratio)
 
 
-def resized_crop_batch(
-    images: torch.Tensor, boxes: torch.Tensor, size: int, flips: torch.Tensor | None = None
+def resize_uint8(
+    image: torch.Tensor, size: tuple[int, int], *, via_float: bool | None = None
 ) -> torch.Tensor:
-    """Crop a box from each image and resize it to ``size`` x ``size``: one call per batch.
+    """Bilinear, antialiased when shrinking (PIL's triangle filter), uint8 CHW in and out.
 
-    ``images`` is uint8 or float NCHW on any device; ``boxes`` holds ``(top, left, h, w)`` in
-    pixels. Bilinear with area averaging when shrinking (``roi_align``'s adaptive sampling),
-    so a large box is anti-aliased as PIL's resize would be. Returns uint8 NCHW.
+    On the CPU torch's uint8 kernel does it directly (vectorised, fastest on channels-last
+    storage); a GPU's antialiased resize works in float, so only this image is converted
+    (``via_float``, the default off the CPU), never a whole batch.
     """
-    from torchvision.ops import roi_align
+    import torch.nn.functional as F
 
-    n = images.shape[0]
-    boxes = boxes.to(device=images.device, dtype=torch.float32)
-    top, left, h, w = boxes.unbind(dim=1)
-    rois = torch.stack(
-        [torch.arange(n, device=images.device, dtype=torch.float32), left, top, left + w, top + h],
-        dim=1,
-    )
-    out = roi_align(
-        images.float(),
-        rois,
-        output_size=(size, size),
-        spatial_scale=1.0,
-        sampling_ratio=-1,
-        aligned=True,
-    )
-    if flips is not None:
-        flips = flips.to(images.device)
-        out = torch.where(flips[:, None, None, None], out.flip(-1), out)
-    return out.round_().clamp_(0, 255).to(torch.uint8)
-
-
-def resized_crop_batch_uint8(
-    images: torch.Tensor,
-    boxes: torch.Tensor,
-    size: int,
-    flips: torch.Tensor | None = None,
-    out: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """``resized_crop_batch`` for uint8 images on the CPU, about 20x cheaper there.
-
-    roi_align has no uint8 kernel, so on the CPU it converts the whole batch to float and runs a
-    scalar loop; torch's antialiased bilinear uint8 kernel (vectorised, PIL's triangle filter)
-    does the same crop and resize straight from uint8, fastest on channels-last storage. It
-    takes one box at a time, so it is called once per image; each call releases the GIL, so
-    several threads can share the work. Returns uint8 NCHW in channels-last memory format
-    (writing NCHW-contiguous costs about 40% more), in ``out`` when given (N, C, size, size).
-    """
-    return resized_crop_images(list(images.unbind(0)), boxes, size, flips, out)
+    if tuple(image.shape[-2:]) == tuple(size):
+        return image
+    if via_float is None:
+        via_float = image.device.type != "cpu" or image.dtype != torch.uint8
+    batch = image[None].float() if via_float else image[None]
+    out = F.interpolate(batch, size=size, mode="bilinear", antialias=True, align_corners=False)[0]
+    if out.dtype != torch.uint8:
+        out = out.round_().clamp_(0, 255).to(torch.uint8)
+    return out
 
 
 def resized_crop_images(
@@ -195,22 +166,26 @@ def resized_crop_images(
     size: int,
     flips: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
+    *,
+    via_float: bool | None = None,
 ) -> torch.Tensor:
-    """``resized_crop_batch_uint8`` for uint8 CHW images of any sizes (one box each), on the
-    CPU (uint8 kernel) or a GPU (through float)."""
-    import torch.nn.functional as F
+    """Cut a box ``(top, left, h, w)`` from each uint8 CHW image (any sizes, CPU or GPU),
+    resize it to ``size`` x ``size`` and flip it where ``flips`` says: into ``out`` (N, C, size,
+    size), by default channels-last on the CPU (writing NCHW-contiguous costs ~40% more there).
 
+    One box at a time, so the memory beyond ``out`` is bounded by one box and one output image
+    (in float off the CPU), whatever the batch size: a whole stored batch in float (the roi_align
+    way) is ~350 MB at 256 x 3 x 336 x 336. Each call releases the GIL on the CPU.
+    """
     n, channels = len(images), images[0].shape[0] if len(images) else 3
     if out is None:
-        out = torch.empty((n, size, size, channels), dtype=torch.uint8).permute(0, 3, 1, 2)
+        device = images[0].device if n else torch.device("cpu")
+        out = torch.empty((n, size, size, channels), dtype=torch.uint8, device=device)
+        out = out.permute(0, 3, 1, 2)
     flip_list = [False] * n if flips is None else flips.tolist()
     for i, (top, left, h, w) in enumerate(boxes.tolist()):
-        crop = images[i][None, :, top : top + h, left : left + w]
-        if crop.device.type != "cpu":  # the GPU's antialiased resize works in float
-            crop = crop.float()
-        resized = F.interpolate(crop, size=(size, size), mode="bilinear", antialias=True)[0]
-        if resized.dtype != torch.uint8:
-            resized = resized.round_().clamp_(0, 255).to(torch.uint8)
+        crop = images[i][:, top : top + h, left : left + w]
+        resized = resize_uint8(crop, (size, size), via_float=via_float)
         out[i].copy_(resized.flip(-1) if flip_list[i] else resized)
     return out
 
@@ -222,13 +197,5 @@ def crop_resize_flip_batch(
     flips: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """The batched random-resized crop and flip with the fastest kernel for where images are.
-
-    uint8 on the CPU: ``resized_crop_batch_uint8``; anywhere else (a GPU, float images):
-    ``resized_crop_batch`` (one roi_align call). Both return uint8 NCHW ``size`` x ``size``
-    (in ``out`` when given); they agree to within a few grey levels, not bit for bit.
-    """
-    if images.device.type == "cpu" and images.dtype == torch.uint8:
-        return resized_crop_batch_uint8(images, boxes, size, flips, out=out)
-    result = resized_crop_batch(images, boxes, size, flips)
-    return result if out is None else out.copy_(result)
+    """``resized_crop_images`` for a uint8 NCHW batch of one stored size (memmap's rows)."""
+    return resized_crop_images(list(images.unbind(0)), boxes, size, flips, out)

@@ -13,13 +13,18 @@ relied on and faster:
 * ``num_workers`` threads prepare ``prefetch`` batches ahead (in total), so reading overlaps
   the model's step (the gather and the resize release the GIL); 0 reads in the caller;
 * train batches get a random-resized crop (a different box per image, sampled inside each
-  image's true size) and a flip, for the whole batch at once, where the batch is: in the
-  reading threads on the CPU (uint8, channels-last NCHW out), on the GPU after a pinned,
-  non-blocking copy on CUDA. Val batches are stored exactly as the reference pipeline makes
-  them and need nothing but the gather.
+  image's true size) and a flip, where the batch is: in the reading threads on the CPU (uint8,
+  channels-last NCHW out), on the GPU after a pinned, non-blocking copy on CUDA, one box at a
+  time (``resized_crop_images``: only the box is converted to float, never the stored batch).
+  Val batches are stored exactly as the reference pipeline makes them and need nothing but
+  the gather;
+* a ``store=jpeg`` batch is decoded image by image in the reading threads on the CPU, or on
+  CUDA in one batched nvJPEG call (``loaderbench.jpeg``, the spdl loader's decoder) and
+  cropped on the GPU.
 
-On CUDA the gather writes straight into pinned memory; tensordict's ``pin_memory()`` would
-copy an already gathered batch once more, so plain tensors and ``to_device`` serve better.
+The gather writes straight into buffers from a bounded pool (``loaderbench.buffers``), pinned
+on CUDA; tensordict's ``pin_memory()`` would copy an already gathered batch once more, so
+plain tensors and a non-blocking copy serve better.
 """
 
 from __future__ import annotations
@@ -37,9 +42,11 @@ from typing import Any
 import numpy as np
 import torch
 
+from loaderbench.buffers import BufferPool
 from loaderbench.data import resolve_path
-from loaderbench.images import decode_jpeg_cpu
-from loaderbench.loaders.base import Batch, Loader, LoaderSpec, register_loader, to_device
+from loaderbench.jpeg import Decoded, batch_decoder, decode_cpu, hand_over
+from loaderbench.jpeg import backend as jpeg_backend
+from loaderbench.loaders.base import Batch, Loader, LoaderSpec, register_loader
 from loaderbench.loaders.memmap.cache import JpegCache, OpenedCache, StorePolicy, ensure_cache
 from loaderbench.loaders.memmap.settings import Settings
 from loaderbench.transforms import crop_resize_flip_batch, resized_crop_images
@@ -58,43 +65,6 @@ class _Gathered:
     flips: torch.Tensor | None = None
     # A jpeg store's batch still to be decoded on the device: each image's bytes.
     encoded: list[torch.Tensor] | None = None
-
-
-class BufferPool:
-    """Batch-sized uint8 buffers, handed out again once nothing refers to them any more.
-
-    A fresh multi-megabyte tensor per batch is fresh memory from the OS each time, and faulting
-    its pages in costs about as much as the copy that fills it (val reading measured ~2x faster
-    with reuse). Batches are views of a pooled buffer, and a buffer is reused only when no
-    tensor shares its storage (torch counts those), so a batch the caller keeps, or any view of
-    it, is never overwritten. Where torch does not expose the count, every batch is fresh.
-    """
-
-    _use_count = getattr(torch._C, "_storage_Use_Count", None)
-
-    def __init__(self, shape: tuple[int, ...], capacity: int) -> None:
-        self.shape = shape  # (batch size, *one image)
-        self.capacity = capacity
-        self._buffers: list[torch.Tensor] = []
-        self._lock = threading.Lock()
-
-    def _free(self, buffer: torch.Tensor) -> bool:
-        assert self._use_count is not None
-        # The buffer itself and the temporary storage object: nobody else.
-        return self._use_count(buffer.untyped_storage()._cdata) <= 2
-
-    def take(self, rows: int) -> torch.Tensor:
-        """A (rows, ...) uint8 tensor that nobody else holds."""
-        if self._use_count is None:
-            return torch.empty((rows, *self.shape[1:]), dtype=torch.uint8)
-        with self._lock:  # the view made under the lock marks the buffer taken
-            for buffer in self._buffers:
-                if self._free(buffer):
-                    return buffer[:rows]
-            buffer = torch.empty(self.shape, dtype=torch.uint8)
-            if len(self._buffers) < self.capacity:
-                self._buffers.append(buffer)
-            return buffer[:rows]
 
 
 @register_loader("memmap")
@@ -156,9 +126,11 @@ class MemmapLoader(Loader):
         self._decode_on_device = self._jpeg and spec.device.type == "cuda"
         # Enough buffers for the batches in flight, the one the caller holds, and one spare.
         capacity = self.batches_in_flight() + 2
-        self._gather_pool = BufferPool((spec.batch_size, *stored_row), capacity)
-        size = spec.image_size
+        pin, size = spec.use_pinned_memory, spec.image_size
+        self._gather_pool = BufferPool((spec.batch_size, *stored_row), capacity, pin=pin)
         self._crop_pool = BufferPool((spec.batch_size, size, size, 3), capacity)
+        self._label_pool = BufferPool((spec.batch_size,), capacity, dtype=torch.int64, pin=pin)
+        self._device_decoder = batch_decoder(spec.device) if self._jpeg else None
 
     def batches_in_flight(self) -> int:
         """``prefetch`` batches ahead in total, at least one per reading thread."""
@@ -173,13 +145,8 @@ class MemmapLoader(Loader):
         if self._jpeg:
             return self._decode(epoch, indices)
         n = len(indices)
-        if self.spec.use_pinned_memory:  # torch's pinned-memory cache recycles these
-            rows = torch.empty((n, *self._images.shape[1:]), dtype=torch.uint8, pin_memory=True)
-            labels = torch.empty(n, dtype=torch.int64, pin_memory=True)
-            torch.index_select(self._labels, 0, indices, out=labels)
-        else:
-            rows = self._gather_pool.take(n)
-            labels = self._labels[indices]
+        rows, labels = self._gather_pool.take(n), self._label_pool.take(n)
+        torch.index_select(self._labels, 0, indices, out=labels)
         # numpy's take: one memcpy per row, GIL released, single-threaded. torch.index_select
         # does the same work but through intra-op threads, which on a busy machine wait on each
         # other (2-10x slower when the cores are shared); mode="clip" writes straight to `out`.
@@ -202,7 +169,7 @@ class MemmapLoader(Loader):
         """A jpeg store's batch: each image's bytes decoded (libjpeg-turbo, GIL released), then
         cropped, resized and flipped (train) or taken as stored (val) into one batch."""
         spans = [self._spans[i] for i in indices.tolist()]
-        labels = self._labels[indices]
+        labels = torch.index_select(self._labels, 0, indices, out=self._label_pool.take(len(spans)))
         boxes = flips = None
         if self.spec.train:
             boxes, flips = self.spec.random_crops(
@@ -211,7 +178,7 @@ class MemmapLoader(Loader):
         if self._decode_on_device:  # the bytes only: decoded where the batch goes
             encoded = [self._bytes[start:stop].clone() for start, stop in spans]
             return _Gathered(None, labels, boxes, flips, encoded)
-        images = [decode_jpeg_cpu(self._bytes[start:stop]) for start, stop in spans]
+        images = [decode_cpu(self._bytes[start:stop]) for start, stop in spans]
         out = self._crop_pool.take(len(images)).permute(0, 3, 1, 2)
         return _Gathered(self._finish(images, boxes, flips, out), labels)
 
@@ -231,33 +198,36 @@ class MemmapLoader(Loader):
         return resized_crop_images(images, boxes, self.spec.image_size, flips, out)
 
     def _decode_batch_on_device(self, gathered: _Gathered) -> Batch:
-        """One batched nvJPEG call for the batch's bytes, then its crops on the device."""
-        from torchvision.io import ImageReadMode, decode_jpeg
+        """One batched nvJPEG call for the batch's bytes, its crops on the decoder's stream."""
+        assert gathered.encoded is not None and self._device_decoder is not None
+        device, size = self.spec.device, self.spec.image_size
 
-        device = self.spec.device
-        assert gathered.encoded is not None
-        images = decode_jpeg(gathered.encoded, mode=ImageReadMode.RGB, device=device)
-        size, n = self.spec.image_size, len(images)
-        out = torch.empty((n, 3, size, size), dtype=torch.uint8, device=device)
-        labels = gathered.labels.to(device, non_blocking=True)
-        return Batch(self._finish(list(images), gathered.boxes, gathered.flips, out), labels)
+        def finish(decoded: list[Decoded]) -> torch.Tensor:
+            for image in decoded:  # the cache was built from images that decoded
+                if isinstance(image, BaseException):
+                    raise OSError(f"memmap cache {self.cache.path}: {image}") from image
+            out = torch.empty((len(decoded), 3, size, size), dtype=torch.uint8, device=device)
+            return self._finish(decoded, gathered.boxes, gathered.flips, out)  # type: ignore[arg-type]
+
+        images, ready = self._device_decoder.run(gathered.encoded, finish)
+        hand_over(ready, images)
+        return Batch(images, self._label_pool.to_device(gathered.labels, device))
 
     def _deliver(self, gathered: _Gathered) -> Batch:
         """Move a gathered batch to the device and finish it there (runs in the caller)."""
         if gathered.encoded is not None:
             return self._decode_batch_on_device(gathered)
         assert gathered.images is not None
-        batch = to_device(
-            Batch(gathered.images, gathered.labels),
-            self.spec.device,
-            non_blocking=self.spec.use_pinned_memory,
-        )
+        device = self.spec.device
+        images = self._gather_pool.to_device(gathered.images, device)
+        labels = self._label_pool.to_device(gathered.labels, device)
         if gathered.boxes is None:
-            return batch
-        images = crop_resize_flip_batch(  # roi_align wants NCHW-contiguous input
-            batch.images.contiguous(), gathered.boxes, self.spec.image_size, gathered.flips
+            return Batch(images, labels)
+        size = self.spec.image_size
+        out = torch.empty((len(images), 3, size, size), dtype=torch.uint8, device=device)
+        return Batch(
+            crop_resize_flip_batch(images, gathered.boxes, size, gathered.flips, out), labels
         )
-        return Batch(images, batch.labels)
 
     def __iter__(self) -> Iterator[Batch]:
         iterator = self._iterate(self.epoch, self.spec.epoch_batches(self.epoch))
@@ -312,6 +282,16 @@ class MemmapLoader(Loader):
             "cache_store": self.policy.codec,
             "cache_gb": self.stored_bytes() / 1e9,
             "bytes_per_image": self.stored_bytes() / max(1, len(self.spec.split)),
+            **({"jpeg_backend": jpeg_backend()} if self._jpeg else {}),
+            **self._buffer_stats(),
+        }
+
+    def _buffer_stats(self) -> dict[str, Any]:
+        pools = (self._gather_pool, self._crop_pool, self._label_pool)
+        nbytes = sum(pool.nbytes for pool in pools)
+        return {
+            "pinned_mb" if self.spec.use_pinned_memory else "buffers_mb": nbytes / 2**20,
+            "buffer_pool_overflows": sum(pool.overflows for pool in pools),
         }
 
     def stored_bytes(self) -> int:

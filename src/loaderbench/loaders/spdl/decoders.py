@@ -10,13 +10,16 @@ decode or resize in another thread, its longest stall ~12-20 ms against 70-500 m
   that does the whole geometry in one pass (crop, scale, flip, RGB conversion). FFmpeg's JPEG
   decoder is slower than libjpeg-turbo and its chroma upsampling is not libjpeg's, so its
   pixels differ slightly from PIL's (tests/test_spdl.py measures by how much).
-* ``turbo``: the file bytes read by the thread, decoded by libjpeg-turbo through
-  ``torchvision.io.decode_jpeg`` on the CPU, then cropped and resized as uint8 by
-  ``torch.nn.functional.interpolate(antialias=True)``: the same decoder and the same filter as
-  PIL's, so it matches the torchvision reference to +-1 grey level, and it is the fastest.
-* ``nvjpeg``: the threads only read the bytes; the GPU decodes the whole batch
-  (``torchvision.io.decode_jpeg(list, device="cuda")``) and crops and resizes it. It needs a
-  CUDA device and says so at once where there is none.
+* ``turbo``: the file bytes read by the thread, decoded by libjpeg-turbo (``loaderbench.jpeg``:
+  TorchCodec, or torchvision.io where TorchCodec does not load) on the CPU, then cropped and
+  resized as uint8 by ``torch.nn.functional.interpolate(antialias=True)``: the same decoder and
+  the same filter as PIL's, so it matches the torchvision reference to +-1 grey level, and it
+  is the fastest.
+* ``nvjpeg``: the pool threads only read the bytes and the sizes (and decode the odd non-JPEG
+  file on the CPU, into pinned memory); one stage after them makes one batched nvJPEG call per
+  batch through the device's one decoder (``loaderbench.jpeg.CudaJpegDecoder``), then crops and
+  resizes the batch on the GPU, on the decoder's stream. It needs a CUDA device and says so at
+  once where there is none.
 
 Files that are not JPEG (a PNG or WebP named .JPEG, BMP, TIFF, 16-bit PNG, ...) fall back to
 PIL through ``loaderbench.images``, the torchvision and memmap loaders' own path, so they load
@@ -33,7 +36,7 @@ Geometry, the same for every decoder and equal to the torchvision reference:
 * train: the random-resized crop is done per image, in the decode stage: the box is drawn by
   ``seeded_crops`` (every loader's) from the image's true size, cut from the full-resolution
   image and resized once to ``size`` x ``size`` (then flipped with probability 1/2). Chosen over a
-  fixed-size decode followed by the batched ``resized_crop_batch`` because the image is decoded
+  fixed-size decode followed by a batched crop (memmap's way) because the image is decoded
   in that stage anyway, so the crop costs nothing extra and the resize shrinks only the box,
   not the whole image: one resize instead of two, no float round trip, and a small box is
   taken from full-resolution pixels (as torchvision's RandomResizedCrop does) rather than
@@ -46,7 +49,6 @@ Geometry, the same for every decoder and equal to the torchvision reference:
 from __future__ import annotations
 
 import abc
-import contextlib
 import ctypes
 import functools
 import re
@@ -56,12 +58,14 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, NamedTuple
 
 import torch
-import torch.nn.functional as F
 
-from loaderbench.images import check_size, decode_jpeg_cpu, jpeg_size, load_rgb
+from loaderbench.buffers import BatchBuffers
+from loaderbench.images import check_size, jpeg_size, load_rgb
+from loaderbench.jpeg import Decoded, batch_decoder, decode_cpu, require_cuda
 from loaderbench.transforms import (
     RRC_RATIO,
     RRC_SCALE,
+    resize_uint8,
     seeded_crops,
     val_resize_size,
 )
@@ -112,11 +116,23 @@ class Failure(NamedTuple):
 
 
 class DecodedBatch(NamedTuple):
-    """What a decode task hands on: a whole batch, ready for the device."""
+    """What a decode task hands on: a whole batch, ready for the device or on it."""
 
     images: torch.Tensor  # uint8 NCHW, contiguous; pinned for a CUDA run, or already on the GPU
     labels: torch.Tensor  # int64 (N,), on the same device as images
     failures: list[Failure]  # files of this batch no decoder could read, left out of it
+    # Made on a side stream: usable on another once this event has passed (jpeg.hand_over).
+    ready: torch.cuda.Event | None = None
+
+
+class ReadBatch(NamedTuple):
+    """nvjpeg's batch between its two stages: the JPEGs still encoded, the other files
+    already decoded and planned on the CPU (into pinned memory)."""
+
+    jpegs: list[tuple[Opened, Plan]]
+    staged: torch.Tensor  # uint8 (k, 3, size, size): the non-JPEG files, finished
+    staged_labels: list[int]
+    failures: list[Failure]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -182,23 +198,6 @@ class Geometry:
             self.ratio,
         )
         return train_plans(boxes, flips, self.size)
-
-
-def resize_uint8(image: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
-    """Bilinear, antialiased when shrinking (PIL's filter), uint8 CHW in and out.
-
-    On the CPU torch has a fast uint8 path; on the GPU it goes through float.
-    """
-    if tuple(image.shape[-2:]) == size:
-        return image
-    if image.device.type == "cpu":
-        return F.interpolate(
-            image[None], size=size, mode="bilinear", antialias=True, align_corners=False
-        )[0]
-    out = F.interpolate(
-        image[None].float(), size=size, mode="bilinear", antialias=True, align_corners=False
-    )[0]
-    return out.round_().clamp_(0, 255).to(torch.uint8)
 
 
 def apply_plan(image: torch.Tensor, plan: Plan) -> torch.Tensor:
@@ -307,7 +306,7 @@ def open_file(sample: Sample) -> Opened:
         return Opened(sample, image.shape[-2], image.shape[-1], image)
     size = jpeg_size(memoryview(data[:JPEG_HEADER_SCAN].numpy()))  # no copy
     if size is None or 0 in size:  # no frame header found, or a height defined later (DNL)
-        image = decode_jpeg_cpu(data)
+        image = decode_cpu(data)
         check_size(image.shape[-1], image.shape[-2], sample.path)
         return Opened(sample, image.shape[-2], image.shape[-1], image)
     check_size(*size, sample.path)
@@ -342,6 +341,7 @@ class ImageDecoder(abc.ABC):
     def __init__(self, geometry: Geometry, device: torch.device) -> None:
         self.geometry = geometry
         self.device = device
+        self._copy_stream: torch.cuda.Stream | None = None
 
     @abc.abstractmethod
     def open(self, sample: Sample) -> Opened:
@@ -366,24 +366,32 @@ class ImageDecoder(abc.ABC):
                 failures.append(Failure(sample.path, _first_line(error)))
         return opened, self.geometry.plans(opened), failures
 
-    def decode_batch(self, samples: Sequence[Sample], pin: bool) -> DecodedBatch:
-        """Decode into one contiguous uint8 NCHW tensor (in pinned memory when ``pin``)."""
+    def decode_batch(self, samples: Sequence[Sample], buffers: BatchBuffers) -> DecodedBatch:
+        """Decode into one contiguous uint8 NCHW batch from the pool (pinned on CUDA runs)."""
         opened, plans, failures = self.open_batch(samples)
-        size = self.geometry.size
-        images = torch.empty((len(opened), 3, size, size), dtype=torch.uint8, pin_memory=pin)
-        labels: list[int] = []
+        images, labels = buffers.take(len(opened))
+        kept = 0
         for item, plan in zip(opened, plans, strict=True):
             try:
                 image = self.finish(item, plan)
             except Exception as error:
                 failures.append(Failure(item.sample.path, _first_line(error)))
                 continue
-            images[len(labels)].copy_(image)
-            labels.append(item.sample.label)
-        label_tensor = torch.tensor(labels, dtype=torch.int64)
-        if pin:
-            label_tensor = label_tensor.pin_memory()
-        return DecodedBatch(images[: len(labels)], label_tensor, failures)
+            images[kept].copy_(image)
+            labels[kept] = item.sample.label
+            kept += 1
+        return DecodedBatch(images[:kept], labels[:kept], failures)
+
+    def to_device(self, batch: DecodedBatch, buffers: BatchBuffers) -> DecodedBatch:
+        """The stage after decoding, on CUDA runs: the pinned batch copied to the GPU on a side
+        stream (one thread runs this stage), so the copy overlaps the main loop's compute."""
+        if self._copy_stream is None:
+            self._copy_stream = torch.cuda.Stream(self.device)
+        with torch.cuda.stream(self._copy_stream):
+            images, labels = buffers.to_device(batch.images, batch.labels, self.device)
+            ready = torch.cuda.Event()
+            ready.record(self._copy_stream)
+        return DecodedBatch(images, labels, batch.failures, ready)
 
 
 class TurboDecoder(ImageDecoder):
@@ -395,7 +403,7 @@ class TurboDecoder(ImageDecoder):
         return open_file(sample)
 
     def finish(self, opened: Opened, plan: Plan) -> torch.Tensor:
-        image = decode_jpeg_cpu(opened.payload) if is_encoded(opened) else opened.payload
+        image = decode_cpu(opened.payload) if is_encoded(opened) else opened.payload
         return apply_plan(image, plan)
 
 
@@ -458,98 +466,68 @@ class FFmpegDecoder(ImageDecoder):
 
 
 class NvjpegDecoder(ImageDecoder):
-    """The pool thread reads a batch's files; the GPU decodes its JPEGs with nvJPEG in one call,
-    then crops and resizes each image and stacks the batch on the GPU.
-
-    Each pool thread works on its own CUDA stream and waits for it before handing the batch on,
-    so the batch is complete; the consumer records its own stream on the tensors (see the
-    loader). Non-JPEG files are decoded on the CPU (generic decoder) and copied over.
-    """
+    """Two stages: the pool threads read a batch's files (``decode_batch``: bytes, sizes, plans,
+    the non-JPEG files decoded on the CPU into pinned memory); one stage after them decodes the
+    JPEGs in one batched nvJPEG call through the device's decoder and finishes the batch on its
+    stream (``to_device``). nvJPEG calls from many threads would only queue on its lock, and
+    each image's crop would launch kernels from a pool thread."""
 
     name = "nvjpeg"
 
     def __init__(self, geometry: Geometry, device: torch.device) -> None:
         require_cuda(device, "loader.decoder=nvjpeg")
         super().__init__(geometry, device)
-        self._local = threading.local()
+        self.batched = batch_decoder(device)
 
     def open(self, sample: Sample) -> Opened:
         return open_file(sample)
 
     def finish(self, opened: Opened, plan: Plan) -> torch.Tensor:
-        """One image; ``decode_batch`` is the fast path (all JPEGs of a batch in one call)."""
-        image = opened.payload
-        if is_encoded(opened):
-            image = self._decode_gpu([image])[0]
-            if isinstance(image, BaseException):
-                raise image
-        return apply_plan(image.to(self.device), plan)
+        """A file decoded on the CPU (not a JPEG, or a JPEG without a usable header)."""
+        return apply_plan(opened.payload, plan)
 
-    def _stream(self) -> torch.cuda.Stream | None:
-        """This thread's CUDA stream (None off the GPU: the tests run this logic on the CPU)."""
-        if self.device.type != "cuda":
-            return None
-        if not hasattr(self._local, "stream"):
-            self._local.stream = torch.cuda.Stream(self.device)
-        return self._local.stream
-
-    def _decode_gpu(self, datas: list[torch.Tensor]) -> list[torch.Tensor | BaseException]:
-        """Decode the JPEGs at once; if that fails, one by one to find the bad files."""
-        from torchvision.io import ImageReadMode, decode_jpeg
-
-        try:
-            return list(decode_jpeg(datas, mode=ImageReadMode.RGB, device=self.device))
-        except RuntimeError:
-            results: list[torch.Tensor | BaseException] = []
-            for data in datas:
-                try:
-                    results.append(decode_jpeg(data, mode=ImageReadMode.RGB, device=self.device))
-                except RuntimeError as error:
-                    results.append(error)
-            return results
-
-    def decode_batch(self, samples: Sequence[Sample], pin: bool) -> DecodedBatch:
+    def decode_batch(  # type: ignore[override]
+        self, samples: Sequence[Sample], buffers: BatchBuffers
+    ) -> ReadBatch:
         opened, plans, failures = self.open_batch(samples)
-        size = self.geometry.size
-        encoded = [(o, p) for o, p in zip(opened, plans, strict=True) if is_encoded(o)]
-        on_cpu = [(o, p) for o, p in zip(opened, plans, strict=True) if not is_encoded(o)]
-        images: list[torch.Tensor] = []
+        jpegs = [(o, p) for o, p in zip(opened, plans, strict=True) if is_encoded(o)]
+        others = [(o, p) for o, p in zip(opened, plans, strict=True) if not is_encoded(o)]
+        staged = buffers.images.take(len(others))
         labels: list[int] = []
-        stream = self._stream()
-        with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
-            decoded = self._decode_gpu([o.payload for o, _ in encoded]) if encoded else []
-            for (item, plan), image in zip(encoded, decoded, strict=True):
+        for item, plan in others:
+            staged[len(labels)].copy_(self.finish(item, plan))
+            labels.append(item.sample.label)
+        return ReadBatch(jpegs, staged[: len(labels)], labels, failures)
+
+    def to_device(  # type: ignore[override]
+        self, read: ReadBatch, buffers: BatchBuffers
+    ) -> DecodedBatch:
+        """The JPEGs decoded at once, every image planned into one batch on the device."""
+        size, device = self.geometry.size, self.device
+        failures = list(read.failures)
+
+        def finish(decoded: list[Decoded]) -> DecodedBatch:
+            rows = len(decoded) + len(read.staged_labels)
+            images = torch.empty((rows, 3, size, size), dtype=torch.uint8, device=device)
+            labels = buffers.labels.take(rows)
+            kept = 0
+            for (item, plan), image in zip(read.jpegs, decoded, strict=True):
                 if isinstance(image, BaseException):
                     failures.append(Failure(item.sample.path, _first_line(image)))
                     continue
-                images.append(apply_plan(image, plan))
-                labels.append(item.sample.label)
-            for item, plan in on_cpu:
-                images.append(apply_plan(item.payload, plan).to(self.device))
-                labels.append(item.sample.label)
-            batch = (
-                torch.stack(images)
-                if images
-                else torch.empty((0, 3, size, size), dtype=torch.uint8, device=self.device)
-            )
-            label_tensor = torch.tensor(labels, dtype=torch.int64).to(self.device)
-        if stream is not None:
-            stream.synchronize()
-        return DecodedBatch(batch, label_tensor, failures)
+                images[kept].copy_(apply_plan(image, plan))
+                labels[kept] = item.sample.label
+                kept += 1
+            staged = len(read.staged_labels)
+            if staged:
+                images[kept : kept + staged].copy_(buffers.images.to_device(read.staged, device))
+                labels[kept : kept + staged] = torch.tensor(read.staged_labels)
+                kept += staged
+            on_device = buffers.labels.to_device(labels[:kept], device)
+            return DecodedBatch(images[:kept], on_device, failures)
 
-
-def require_cuda(device: torch.device, what: str) -> None:
-    """Fail at once, with the reason, where the GPU a decoder needs is missing."""
-    if not torch.cuda.is_available():
-        raise RuntimeError(
-            f"{what} decodes JPEGs on the GPU (nvJPEG), but no CUDA device is available "
-            f"here; use loader.decoder=turbo or loader.decoder=ffmpeg on this machine"
-        )
-    if device.type != "cuda":
-        raise RuntimeError(
-            f"{what} decodes on the GPU, but the run's device is {device}; "
-            f"set device=cuda (or device=auto) or choose loader.decoder=turbo"
-        )
+        batch, ready = self.batched.run([o.payload for o, _ in read.jpegs], finish)
+        return batch._replace(ready=ready)
 
 
 DecoderFactory = Callable[[Geometry, torch.device], ImageDecoder]

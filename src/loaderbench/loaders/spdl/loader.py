@@ -6,10 +6,12 @@ One SPDL pipeline, all in this process (no worker processes):
                ``loader.batch_size`` Sample(index, path, label, epoch) (the last partial batch
                dropped when training); re-iterated for each epoch
     decode     ``loader.num_workers`` batches at once in a pool of as many threads, each
-               decoded image by image straight into one contiguous uint8 NCHW tensor (pinned
-               on CUDA runs; nvjpeg: read by the thread, decoded on the GPU) plus int64 labels
-    transfer   CUDA runs with a CPU decoder: copy on a side stream and wait for it, so the copy
-               overlaps the main loop's compute
+               decoded image by image straight into one contiguous uint8 NCHW batch and its
+               int64 labels, taken from a bounded pool of buffers (``loaderbench.buffers``;
+               pinned on CUDA runs); nvjpeg: the files read, not yet decoded
+    device     CUDA runs, one thread: a CPU decoder's batch copied on a side stream; nvjpeg's
+               decoded in one batched nvJPEG call and finished on the GPU. The main loop's
+               stream waits for the batch's event (``jpeg.hand_over``), not the host
     sink       the batches ready for the main loop: ``loader.prefetch`` in all, less the
                ``num_workers`` being decoded (at least one)
 
@@ -43,17 +45,18 @@ from __future__ import annotations
 
 import functools
 import logging
-import threading
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-import torch
 from spdl.pipeline import (
     Pipeline,
     PipelineBuilder,
 )
 
+from loaderbench.buffers import BatchBuffers
+from loaderbench.jpeg import backend as jpeg_backend
+from loaderbench.jpeg import hand_over
 from loaderbench.loaders.base import (
     Batch,
     Loader,
@@ -108,31 +111,6 @@ def root_cause(error: BaseException) -> BaseException:
             return error
 
 
-class CudaTransfer:
-    """Copy a pinned CPU batch to the GPU on a side stream (one per thread) and wait for it.
-
-    The stage runs in a pool thread, so the copy overlaps the main loop's compute; waiting here
-    means the batch the sink holds is complete. The main loop then records its own stream on
-    the tensors (``Tensor.record_stream``) so the allocator never reuses them early.
-    """
-
-    def __init__(self, device: torch.device) -> None:
-        self.device = device
-        self._local = threading.local()
-
-    def __call__(self, batch: DecodedBatch) -> DecodedBatch:
-        if batch.images.device == self.device:
-            return batch
-        if not hasattr(self._local, "stream"):
-            self._local.stream = torch.cuda.Stream(self.device)
-        stream = self._local.stream
-        with torch.cuda.stream(stream):
-            images = batch.images.to(self.device, non_blocking=True)
-            labels = batch.labels.to(self.device, non_blocking=True)
-        stream.synchronize()
-        return DecodedBatch(images, labels, batch.failures)
-
-
 def epoch_samples(spec: LoaderSpec, epoch: int) -> Iterator[Sample]:
     """This rank's images of an epoch, in the order every loader shares."""
     for batch in epoch_batches(spec, epoch):
@@ -185,11 +163,24 @@ class SpdlLoader(Loader):
         self._pipeline: Pipeline[DecodedBatch] | None = None
         self._executor: ThreadPoolExecutor | None = None
         self._pipeline_epoch = -1  # the epoch the running pipeline serves next
+        size = spec.image_size
+        self.buffers = BatchBuffers(
+            spec.batch_size, (3, size, size), self._buffers_needed(), pin=spec.use_pinned_memory
+        )
+
+    def _buffers_needed(self) -> int:
+        """Batches alive at once: SPDL's ordered stage keeps up to threads + 2 in flight, the
+        sink holds its batches, a queue and the device stage one or two more, the main loop
+        one, and one spare."""
+        return self.decode_threads + 2 + self.settings.ready_batches() + 3 + 1
 
     # -- building ------------------------------------------------------------------------------
 
     def _decode(self, samples: Sequence[Sample]) -> DecodedBatch:
-        return self.decoder.decode_batch(samples, pin=self.spec.use_pinned_memory)
+        return self.decoder.decode_batch(samples, self.buffers)
+
+    def _to_device(self, batch: Any) -> DecodedBatch:
+        return self.decoder.to_device(batch, self.buffers)
 
     def build_pipeline(self, epoch: int) -> Pipeline[DecodedBatch]:
         """A pipeline serving ``epoch`` and, when persistent, the epochs after it."""
@@ -210,9 +201,9 @@ class SpdlLoader(Loader):
             )
         )
         if spec.device.type == "cuda":
-            builder = builder.pipe(in_pool_thread(CudaTransfer(spec.device)), name="transfer")
+            builder = builder.pipe(in_pool_thread(self._to_device), name="device")
         return builder.add_sink(self.settings.ready_batches()).build(
-            num_threads=1,  # the transfer stage's; decoding has its own pool
+            num_threads=1,  # the device stage's; decoding has its own pool
             # A stage that raises (bad files do not: they come back as Failures) halts the
             # pipeline and the consumer gets the error; SPDL's default drops the batch and
             # carries on, which would be an epoch silently short of images.
@@ -267,11 +258,7 @@ class SpdlLoader(Loader):
                 ) from cause
 
     def _hand_over(self, batch: DecodedBatch) -> Batch:
-        if batch.images.is_cuda:
-            # Made on a side stream: tell the allocator the main loop's stream uses them now.
-            stream = torch.cuda.current_stream(batch.images.device)
-            batch.images.record_stream(stream)
-            batch.labels.record_stream(stream)
+        hand_over(batch.ready, batch.images, batch.labels)  # made on a side stream
         return Batch(batch.images, batch.labels)
 
     def __iter__(self) -> Iterator[Batch]:
@@ -298,6 +285,8 @@ class SpdlLoader(Loader):
             "skipped_files": len(self.skipped),
             "spdl_decoder": self.settings.decoder,
             "spdl_decode_threads": self.decode_threads,
+            "jpeg_backend": jpeg_backend(),
+            **self.buffers.stats(),
             **self.recorder.summary(),
         }
 
