@@ -492,7 +492,13 @@ class NvjpegDecoder(ImageDecoder):
         opened, plans, failures = self.open_batch(samples)
         jpegs = [(o, p) for o, p in zip(opened, plans, strict=True) if is_encoded(o)]
         others = [(o, p) for o, p in zip(opened, plans, strict=True) if not is_encoded(o)]
-        staged = buffers.images.take(len(others))
+        size = self.geometry.size
+        # No pool buffer held for a batch of JPEGs only (the usual case).
+        staged = (
+            buffers.images.take(len(others))
+            if others
+            else torch.empty((0, 3, size, size), dtype=torch.uint8)
+        )
         labels: list[int] = []
         for item, plan in others:
             staged[len(labels)].copy_(self.finish(item, plan))

@@ -1,0 +1,140 @@
+"""The CUDA paths, on a GPU (``pytest -m cuda``; skipped where there is none): the loops do not
+sync per step, nvJPEG decodes batches whole and uncorrupted, the GPU crop matches the CPU's,
+pinned buffers are reused only after their copies."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import pytest
+import torch
+from PIL import Image
+
+from loaderbench.buffers import BufferPool
+from loaderbench.engine import train_one_epoch
+from loaderbench.jpeg import CudaJpegDecoder, decode_cpu, hand_over
+from loaderbench.loaders import build_loader
+from loaderbench.meters import LoopMeter
+from loaderbench.transforms import crop_resize_flip_batch, seeded_crops
+from tests.conftest import cpu_spec, folder_index
+from tests.test_loops import InMemoryLoader, Tiny, train_step
+
+pytestmark = [
+    pytest.mark.cuda,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+]
+CUDA = torch.device("cuda")
+
+
+def test_training_steps_never_wait_for_the_device() -> None:
+    """torch's sync debug mode raises on any host sync: only the log-point reads may sync."""
+    model = Tiny().to(CUDA)
+    step = train_step(model)
+    step.device = CUDA
+    loader = InMemoryLoader(30)
+    loader.batches = [type(b)(b.images.to(CUDA), b.labels.to(CUDA)) for b in loader.batches]
+    reads = []
+
+    def read(value: torch.Tensor) -> float:
+        torch.cuda.set_sync_debug_mode(0)
+        try:
+            reads.append(float(value))
+        finally:
+            torch.cuda.set_sync_debug_mode("error")
+        return reads[-1]
+
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        train_one_epoch(step, loader, LoopMeter(), log_every=10, read=read)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    assert len(reads) == 3
+
+
+def jpegs(count: int, seed: int = 0) -> list[torch.Tensor]:
+    generator = torch.Generator().manual_seed(seed)
+    out = []
+    for i in range(count):
+        h, w = 200 + 7 * i, 300 - 5 * i
+        base = torch.rand(3, 8, 8, generator=generator) * 255
+        pixels = torch.nn.functional.interpolate(base[None], size=(h, w), mode="bicubic")[0]
+        array = pixels.clamp(0, 255).to(torch.uint8).permute(1, 2, 0).numpy()
+        buffer = io.BytesIO()
+        Image.fromarray(array).save(buffer, "JPEG", quality=90)
+        out.append(torch.frombuffer(bytearray(buffer.getvalue()), dtype=torch.uint8))
+    return out
+
+
+def test_batched_nvjpeg_matches_libjpeg_turbo_under_a_busy_consumer() -> None:
+    """Each batch decoded while the consumer's stream is busy and frees memory: the images,
+    cropped on the decoder's stream, arrive whole (the stream race would corrupt them)."""
+    datas = jpegs(24)
+    references = [decode_cpu(d) for d in datas]
+    decoder = CudaJpegDecoder.for_device(CUDA)
+    assert CudaJpegDecoder.for_device(CUDA) is decoder  # one per device
+    size = 64
+    boxes, flips = seeded_crops(
+        [r.shape[1] for r in references], [r.shape[2] for r in references], 0, 0, range(24)
+    )
+    expected = crop_resize_flip_batch_list(references, boxes, size, flips)
+    for _ in range(20):
+        busy = torch.randn(4096, 4096, device=CUDA)
+        for _ in range(4):
+            busy = busy @ busy / 64  # queued work that holds, then frees, memory
+        del busy
+
+        def finish(decoded):
+            out = torch.empty((len(decoded), 3, size, size), dtype=torch.uint8, device=CUDA)
+            return crop_resize_flip_batch_list(decoded, boxes, size, flips, out)
+
+        batch, ready = decoder.run(datas, finish)
+        hand_over(ready, batch)
+        diff = (batch.cpu().int() - expected.int()).abs().float()
+        assert diff.mean() < 2.0 and diff.amax(dim=(1, 2, 3)).max() < 60
+
+
+def crop_resize_flip_batch_list(images, boxes, size, flips, out=None):
+    from loaderbench.transforms import resized_crop_images
+
+    return resized_crop_images(list(images), boxes, size, flips, out)
+
+
+def test_pinned_buffers_are_reused_after_their_copy() -> None:
+    pool = BufferPool((32, 3, 64, 64), capacity=2, pin=True)
+    first = pool.take(32)
+    assert first.is_pinned()
+    address = first.data_ptr()
+    on_gpu = pool.to_device(first, CUDA)
+    del first
+    torch.cuda.synchronize()
+    again = pool.take(32)
+    assert again.data_ptr() == address and pool.buffers == 1 and on_gpu.is_cuda
+
+
+@pytest.mark.parametrize("store", ["raw", "jpeg"])
+def test_memmap_train_batches_on_the_gpu_match_the_cpu(
+    tiny_root: Path, tmp_path: Path, store: str
+) -> None:
+    split = folder_index(tiny_root).train
+    common = {"cache_dir": str(tmp_path), "store": store, "train_store_min_side": 0}
+    on_cpu = build_loader(cpu_spec(split, True, loader="memmap", **common))
+    on_gpu = build_loader(cpu_spec(split, True, loader="memmap", device=CUDA, **common))
+    try:
+        for a, b in zip(on_cpu, on_gpu, strict=True):
+            assert b.images.is_cuda and torch.equal(a.labels, b.labels.cpu())
+            diff = (a.images.int() - b.images.cpu().int()).abs().float()
+            assert diff.mean() < (1.0 if store == "raw" else 2.0)
+        assert on_gpu.stats()["pinned_mb"] > 0
+    finally:
+        on_cpu.close()
+        on_gpu.close()
+
+
+def test_crop_on_the_gpu_matches_the_cpu_uint8_kernel() -> None:
+    generator = torch.Generator().manual_seed(0)
+    stored = torch.randint(0, 256, (8, 3, 120, 160), dtype=torch.uint8, generator=generator)
+    boxes, flips = seeded_crops([120] * 8, [160] * 8, 0, 0, range(8))
+    cpu = crop_resize_flip_batch(stored, boxes, 32, flips)
+    gpu = crop_resize_flip_batch(stored.to(CUDA), boxes, 32, flips)
+    assert (cpu.int() - gpu.cpu().int()).abs().max() <= 1
