@@ -6,8 +6,8 @@ file, decode, resize the short side, crop the centre) on one thread:
 
 * ``pil``: PIL (libjpeg-turbo inside) + torchvision's per-image val transform, what the
   torchvision loader's workers do;
-* ``turbo``: libjpeg-turbo through ``torchvision.io.decode_jpeg`` + a uint8 antialiased resize
-  (the spdl loader's default decoder);
+* ``turbo``: libjpeg-turbo (``loaderbench.jpeg``: TorchCodec, or torchvision.io) + a uint8
+  antialiased resize (the spdl loader's default decoder);
 * ``ffmpeg``: FFmpeg through ``spdl.io`` with a filter graph (the spdl loader's ``ffmpeg``).
 
 A loader cannot beat cores x the best rate without a cheaper decode (for instance decoding
