@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 ARGS ?=
 
-.PHONY: install train eval test test-fast data lint format bench bench-scale clean clean-cache
+.PHONY: install train eval test test-fast data lint format bench bench-scale clean clean-cache gpu-kit
 
 install: $(STAMP)
 
@@ -60,3 +60,8 @@ bench: install
 # data/), projected to ImageNet: bench/scale.md, bench/scale.json. Not part of `make test`.
 bench-scale: install
 	$(PY) -W ignore::UserWarning -m loaderbench.bench.scale $(BENCH_ARGS)
+
+# The wheels a GPU machine without network lacks (cp312 manylinux, < 40 MiB) in .gpu-kit/, for
+# scripts/gpu_check.sh there; fetched with pip from PyPI, quick when they are all there already.
+gpu-kit:
+	./scripts/gpu_kit.sh

@@ -53,3 +53,18 @@ def test_the_cpu_batch_decoder_has_no_event() -> None:
 def test_nvjpeg_without_a_gpu_says_so() -> None:
     with pytest.raises(RuntimeError, match="no CUDA device"):
         jpeg.batch_decoder(torch.device("cuda"))
+
+
+def test_the_header_gives_size_and_exif_orientation() -> None:
+    from loaderbench.images import jpeg_header
+
+    array = np.zeros((30, 50, 3), dtype=np.uint8)
+    for orientation in (None, 1, 3, 6, 8):
+        exif = Image.Exif()
+        if orientation is not None:
+            exif[0x0112] = orientation
+        buffer = io.BytesIO()
+        Image.fromarray(array).save(buffer, "JPEG", exif=exif)
+        header = jpeg_header(buffer.getvalue())
+        assert header is not None and (header.width, header.height) == (50, 30)
+        assert header.orientation == orientation

@@ -23,7 +23,7 @@ worker process is forked, so workers inherit it).
 from __future__ import annotations
 
 import warnings
-from typing import BinaryIO
+from typing import BinaryIO, NamedTuple
 
 import numpy as np
 from PIL import Image
@@ -96,9 +96,40 @@ def load_rgb(path: str) -> Image.Image:
     return to_rgb(image)
 
 
-def jpeg_size(data: bytes | memoryview) -> tuple[int, int] | None:
-    """(width, height) from a JPEG's frame header, without decoding; None if not found."""
-    n, i = len(data), 2
+class JpegHeader(NamedTuple):
+    width: int
+    height: int
+    orientation: int | None  # the EXIF orientation tag (1 = as stored), None without one
+
+
+def _exif_orientation(exif: bytes | memoryview) -> int | None:
+    """The orientation tag (0x0112) of an APP1 segment's payload, if it holds one."""
+    if bytes(exif[:6]) != b"Exif\x00\x00" or len(exif) < 14:
+        return None
+    tiff = exif[6:]
+    order = {b"II": "little", b"MM": "big"}.get(bytes(tiff[:2]))
+    if order is None:
+        return None
+
+    def number(at: int, size: int) -> int:
+        return int.from_bytes(bytes(tiff[at : at + size]), order)  # type: ignore[arg-type]
+
+    ifd = number(4, 4)
+    if ifd + 2 > len(tiff):
+        return None
+    for entry in range(number(ifd, 2)):
+        at = ifd + 2 + 12 * entry
+        if at + 12 > len(tiff):
+            return None
+        if number(at, 2) == 0x0112:
+            return number(at + 8, 2)
+    return None
+
+
+def jpeg_header(data: bytes | memoryview) -> JpegHeader | None:
+    """Size and EXIF orientation from a JPEG's headers, without decoding; None if its frame
+    header is not found."""
+    n, i, orientation = len(data), 2, None
     while i + 4 <= n:
         if data[i] != 0xFF:
             return None
@@ -110,13 +141,15 @@ def jpeg_size(data: bytes | memoryview) -> tuple[int, int] | None:
             i += 2
             continue
         length = (data[i + 2] << 8) | data[i + 3]
+        if marker == 0xE1 and orientation is None:  # APP1: Exif (or XMP)
+            orientation = _exif_orientation(data[i + 4 : i + 2 + length])
         # SOF0..SOF15 carry the frame size, except DHT (C4), JPG (C8) and DAC (CC).
         if 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC):
             if i + 9 > n:
                 return None
             height = (data[i + 5] << 8) | data[i + 6]
             width = (data[i + 7] << 8) | data[i + 8]
-            return width, height
+            return JpegHeader(width, height, orientation)
         i += 2 + length
     return None
 
@@ -124,8 +157,9 @@ def jpeg_size(data: bytes | memoryview) -> tuple[int, int] | None:
 __all__ = [
     "DEFAULT_MAX_PIXELS",
     "ImageTooLarge",
+    "JpegHeader",
     "check_size",
-    "jpeg_size",
+    "jpeg_header",
     "load_rgb",
     "max_pixels",
     "open_checked",

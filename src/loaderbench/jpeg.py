@@ -4,10 +4,15 @@
 libraries underneath (libjpeg-turbo, nvJPEG), behind the same ``loader.decoder`` names.
 torchvision 0.29 deprecates its decoders in favour of TorchCodec; TorchCodec's native library
 is built for one torch release and may not load on another (the GPU machine's torch 2.11),
-so the first decode of a tiny JPEG decides, once per process, and ``backend()`` says which.
-On the CPU they measured the same here (500 x 375 q90, one thread: 0.84 ms an image with
-TorchCodec, 0.85 with torchvision; identical pixels; both release the GIL), so TorchCodec is
-taken for both devices.
+so a decode of a tiny JPEG on each kind of device decides, once per process, and
+``backend(device)`` says which. On the CPU they measured the same here (500 x 375 q90, one
+thread: 0.84 ms an image with TorchCodec, 0.85 with torchvision; identical pixels; both
+release the GIL), so TorchCodec is taken for both devices.
+
+**EXIF orientation.** TorchCodec applies a JPEG's EXIF orientation and has no switch for it;
+no loader here does (``loaderbench.images`` says why). So these functions are for JPEGs
+without an orientation tag: the memmap store's own (written without EXIF), and the files the
+spdl loader has checked (``images.jpeg_header``; the others go through PIL).
 
 **GPU.** ``CudaJpegDecoder.for_device(device)`` is the device's one decoder: one batched
 nvJPEG call per batch, from one place at a time (a lock), on the decoder's own stream. The
@@ -73,27 +78,35 @@ BACKENDS: dict[str, Callable[[list[torch.Tensor], torch.device], list[torch.Tens
 }
 
 
+def backend(device: torch.device | str = "cpu") -> str:
+    """``torchcodec`` where it loads and decodes on this kind of device, else ``torchvision``."""
+    return _backend(torch.device(device).type)
+
+
 @functools.cache
-def backend() -> str:
-    """``torchcodec`` where it loads and decodes, else ``torchvision``."""
+def _backend(device_type: str) -> str:
     try:
-        _torchcodec([_tiny_jpeg()], torch.device("cpu"))
+        _torchcodec([_tiny_jpeg()], torch.device(device_type))
         return "torchcodec"
     except Exception as error:  # ImportError, OSError or RuntimeError from its native library
-        log.info("TorchCodec does not load here (%s); decoding JPEGs with torchvision.io", error)
+        log.info(
+            "TorchCodec does not decode on %s here (%s); decoding JPEGs with torchvision.io",
+            device_type,
+            error,
+        )
         return "torchvision"
 
 
 def decode_cpu(data: torch.Tensor) -> torch.Tensor:
-    """JPEG bytes (uint8, 1-D) to uint8 RGB CHW with libjpeg-turbo; releases the GIL; EXIF
-    orientation not applied."""
+    """JPEG bytes (uint8, 1-D, no EXIF orientation tag) to uint8 RGB CHW with libjpeg-turbo;
+    releases the GIL."""
     return BACKENDS[backend()]([data], torch.device("cpu"))[0]
 
 
 def decode_batch(datas: list[torch.Tensor], device: torch.device) -> list[Decoded]:
     """Decode JPEGs at once on ``device``; if the batch fails, one by one, so that each bad
     file gets its own error and the good ones still decode."""
-    decode = BACKENDS[backend()]
+    decode = BACKENDS[backend(device)]
     try:
         return list(decode(datas, device))
     except RuntimeError:

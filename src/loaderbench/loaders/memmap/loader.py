@@ -282,7 +282,7 @@ class MemmapLoader(Loader):
             "cache_store": self.policy.codec,
             "cache_gb": self.stored_bytes() / 1e9,
             "bytes_per_image": self.stored_bytes() / max(1, len(self.spec.split)),
-            **({"jpeg_backend": jpeg_backend()} if self._jpeg else {}),
+            **({"jpeg_backend": jpeg_backend(self.spec.device)} if self._jpeg else {}),
             **self._buffer_stats(),
         }
 

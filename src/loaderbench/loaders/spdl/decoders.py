@@ -21,8 +21,9 @@ decode or resize in another thread, its longest stall ~12-20 ms against 70-500 m
   resizes the batch on the GPU, on the decoder's stream. It needs a CUDA device and says so at
   once where there is none.
 
-Files that are not JPEG (a PNG or WebP named .JPEG, BMP, TIFF, 16-bit PNG, ...) fall back to
-PIL through ``loaderbench.images``, the torchvision and memmap loaders' own path, so they load
+Files that are not JPEG (a PNG or WebP named .JPEG, BMP, TIFF, 16-bit PNG, ...), and JPEGs with
+an EXIF orientation tag (TorchCodec would turn them), fall back to PIL through
+``loaderbench.images``, the torchvision and memmap loaders' own path, so they load
 with the same pixels everywhere. Every decoder refuses an image over
 ``dataset.max_image_pixels`` from its header, before decoding it, and none applies EXIF
 orientation (``loaderbench.images`` says why). A file nothing can decode becomes a ``Failure``
@@ -60,7 +61,7 @@ from typing import Any, ClassVar, NamedTuple
 import torch
 
 from loaderbench.buffers import BatchBuffers
-from loaderbench.images import check_size, jpeg_size, load_rgb
+from loaderbench.images import check_size, jpeg_header, load_rgb
 from loaderbench.jpeg import Decoded, batch_decoder, decode_cpu, require_cuda
 from loaderbench.transforms import (
     RRC_RATIO,
@@ -298,19 +299,18 @@ def decode_generic(path: str) -> torch.Tensor:
 
 def open_file(sample: Sample) -> Opened:
     """Read a file and learn its image size: from a JPEG's frame header without decoding (and
-    refused there if over the pixel limit), else by decoding it (non-JPEG files, through PIL;
-    a JPEG whose header gives no size). Raises for an unreadable file."""
+    refused there if over the pixel limit), else by decoding it through the generic decoder:
+    a file that is not a JPEG, a JPEG whose header gives no size, and a JPEG with an EXIF
+    orientation, which TorchCodec would apply and no loader does. Raises for an unreadable
+    file."""
     data = read_bytes(sample.path)
-    if not is_jpeg(data):
+    header = jpeg_header(memoryview(data[:JPEG_HEADER_SCAN].numpy())) if is_jpeg(data) else None
+    # No frame header found, a height defined later (DNL), or pixels to be shown turned.
+    if header is None or 0 in header[:2] or header.orientation not in (None, 1):
         image = decode_generic(sample.path)
         return Opened(sample, image.shape[-2], image.shape[-1], image)
-    size = jpeg_size(memoryview(data[:JPEG_HEADER_SCAN].numpy()))  # no copy
-    if size is None or 0 in size:  # no frame header found, or a height defined later (DNL)
-        image = decode_cpu(data)
-        check_size(image.shape[-1], image.shape[-2], sample.path)
-        return Opened(sample, image.shape[-2], image.shape[-1], image)
-    check_size(*size, sample.path)
-    return Opened(sample, size[1], size[0], data)
+    check_size(header.width, header.height, sample.path)
+    return Opened(sample, header.height, header.width, data)
 
 
 def is_encoded(opened: Opened) -> bool:

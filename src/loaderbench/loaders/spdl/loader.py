@@ -285,7 +285,7 @@ class SpdlLoader(Loader):
             "skipped_files": len(self.skipped),
             "spdl_decoder": self.settings.decoder,
             "spdl_decode_threads": self.decode_threads,
-            "jpeg_backend": jpeg_backend(),
+            "jpeg_backend": jpeg_backend(self.spec.device),
             **self.buffers.stats(),
             **self.recorder.summary(),
         }
