@@ -142,7 +142,7 @@ case "${1:-}" in
     *) die "usage: $0 [--check]" ;;
 esac
 
-mkdir -p "$KIT"
+[[ $check_only == 1 ]] || mkdir -p "$KIT"
 problems=0
 while IFS= read -r spec; do
     name=${spec%%==*}
@@ -208,9 +208,12 @@ for file in "$KIT"/*.whl; do
 done
 bytes=$(total_bytes)
 printf 'gpu-kit: %d wheels, %s MiB in %s (limit %s MiB)\n' \
-    "$(find "$KIT" -maxdepth 1 -name '*.whl' | wc -l)" "$(mib "$bytes")" "$KIT" "$KIT_MAX_MB"
+    "$(find "$KIT" -maxdepth 1 -name '*.whl' 2>/dev/null | wc -l)" "$(mib "$bytes")" "$KIT" "$KIT_MAX_MB"
 if ((bytes > KIT_MAX_MB * 1048576)); then
     echo "gpu-kit: over the ${KIT_MAX_MB} MiB limit" >&2
     problems=1
+fi
+if ((problems)) && [[ $check_only == 1 ]]; then
+    echo "gpu-kit: the kit is incomplete: run \`make gpu-kit\` (pip, from PyPI) first" >&2
 fi
 exit "$problems"
