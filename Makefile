@@ -52,8 +52,13 @@ clean:
 
 # The benchmark report (bench/report.md, bench/report.png); BENCH_ARGS=--quick for a small run.
 # Its runs write under bench/work/ (sweeps, the memmap cache), never cache/ or outputs/.
+# NVIDIA DALI, a peer in the report, is installed here on demand (a 200 MB wheel: not part of
+# make install); the report goes on without its rows where it cannot be installed.
 BENCH_ARGS ?=
+DALI ?= nvidia-dali-cuda130==2.4.0
 bench: install
+	$(PY) -c "import nvidia.dali" 2>/dev/null || $(PY) -m pip install --quiet "$(DALI)" \
+		|| echo "make bench: could not install $(DALI); the report will have no DALI rows"
 	$(PY) -m loaderbench.bench $(BENCH_ARGS)
 
 # Start-up and memory on a generated 1000-class tree of 260,000 small JPEGs (generated once into

@@ -15,12 +15,16 @@ from typing import Any
 
 import pytest
 
+from loaderbench.bench.dali import dali_version
 from tests.conftest import REPO
 
 pytestmark = pytest.mark.slow
 
 LOADERS = ("torchvision", "memmap", "spdl")
 CLASSIC, TUTORIAL = "classic (float in workers)", "tutorial tensorclass"
+DALI = "dali (cpu)"
+# DALI is installed by `make bench`, not by `make install`: its rows are there where it is.
+HAS_DALI = dali_version() is not None
 TASKS = ("val", "train")
 WORKERS = 1
 # Half a unit of the last digit the report prints (images/s and shares: one decimal).
@@ -99,6 +103,8 @@ def ips(bench: dict[str, Any], task: str, name: str, workers: int) -> float:
 def test_every_loader_worker_count_and_peer_is_a_measured_row(bench: dict[str, Any]) -> None:
     expected = {(task, name, WORKERS) for task in TASKS for name in (*LOADERS, CLASSIC)}
     expected |= {(task, TUTORIAL, 0) for task in TASKS}
+    if HAS_DALI:
+        expected |= {(task, DALI, WORKERS) for task in TASKS}
     assert set(bench["rows"]) == expected
     for key, row in bench["rows"].items():
         assert number(row["images/s"]) > 0, key
@@ -166,11 +172,12 @@ def ratio_parts(line: str) -> dict[str, float]:
     return {name: float(value[:-1]) for name, value in (p.rsplit(" ", 1) for p in parts)}
 
 
-def close_ratio(printed: float, numerator: float, denominator: float) -> bool:
-    """``printed`` (one decimal) is numerator / denominator, both read from the table."""
+def close_ratio(printed: float, numerator: float, denominator: float, digits: int = 1) -> bool:
+    """``printed`` (to ``digits`` decimals) is numerator / denominator, both read from the
+    table (to one decimal)."""
     ratio = numerator / denominator
     table_error = ratio * (ROUNDING / numerator + ROUNDING / denominator)
-    return abs(printed - ratio) <= ROUNDING + table_error
+    return abs(printed - ratio) <= 0.5 * 10**-digits + 1e-9 + table_error
 
 
 def test_ratios_are_computed_from_the_rows(bench: dict[str, Any]) -> None:
@@ -179,7 +186,7 @@ def test_ratios_are_computed_from_the_rows(bench: dict[str, Any]) -> None:
         prefix = f"- {task}, {WORKERS} workers, vs torchvision: "
         [line] = [line for line in lines if line.startswith(prefix)]
         parts = ratio_parts(line)
-        assert set(parts) == {"memmap", "spdl", CLASSIC}
+        assert set(parts) == {"memmap", "spdl", CLASSIC} | ({DALI} if HAS_DALI else set())
         base = ips(bench, task, "torchvision", WORKERS)
         for name, printed in parts.items():
             assert close_ratio(printed, ips(bench, task, name, WORKERS), base), (line, name)
@@ -190,6 +197,40 @@ def test_ratios_are_computed_from_the_rows(bench: dict[str, Any]) -> None:
     [line] = [line for line in lines if line.startswith(f"- val, spdl at {WORKERS} workers: ")]
     share = float(search(r": ([\d.]+)% of the CPU decode limit", line))
     assert share == pytest.approx(number(bench["rows"][("val", "spdl", WORKERS)]["share of limit"]))
+
+
+def test_the_answer_comes_first_and_is_computed_from_the_rows(bench: dict[str, Any]) -> None:
+    """The report's first section names, per pipeline, the loader and worker count with the
+    most images/s, its margin over the next best loader and over DALI, and its CPU cost."""
+    md = bench["md"]
+    assert md.index("## The answer") < md.index("## Limits") < md.index("## Pipelines")
+    answer = md.split("## The answer", 1)[1].split("\n## ", 1)[0]
+    for task in TASKS:
+        [line] = [line for line in answer.splitlines() if line.startswith(f"- **{task}**")]
+        ours = {name: ips(bench, task, name, WORKERS) for name in LOADERS}
+        best, runner = sorted(ours, key=ours.get, reverse=True)[:2]
+        assert f"`loader={best} loader.num_workers={WORKERS}`" in line
+        cpu = bench["rows"][(task, best, WORKERS)]["CPU s / 1k images"]
+        assert f"at {cpu} CPU ms an image" in line
+        margin = float(search(r"; ([\d.]+)x the next best loader \((\w+)", line))
+        assert search(r"the next best loader \((\w+) at", line) == runner
+        assert close_ratio(margin, ours[best], ours[runner], digits=2), line
+        if HAS_DALI:
+            printed = float(search(r"; ([\d.]+)x DALI's CPU pipeline", line))
+            assert close_ratio(printed, ours[best], ips(bench, task, DALI, WORKERS), digits=2)
+        else:
+            assert "DALI not measured" in line
+
+
+def test_every_row_has_its_ratio_against_dali(bench: dict[str, Any]) -> None:
+    if not HAS_DALI:
+        pytest.skip("DALI is not installed here (make bench installs it)")
+    for (task, name, workers), row in bench["rows"].items():
+        if workers != WORKERS:
+            continue
+        printed = float(row["vs DALI"].rstrip("x"))
+        dali = ips(bench, task, DALI, WORKERS)
+        assert close_ratio(printed, ips(bench, task, name, workers), dali, digits=2), (task, name)
 
 
 def test_stores_are_projected_to_imagenet_from_their_runs(bench: dict[str, Any]) -> None:

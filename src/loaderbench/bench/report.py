@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import itertools
 import json
 import os
 import platform
@@ -45,6 +46,9 @@ from loaderbench.synthetic import SyntheticSpec, ensure_synthetic
 
 REPO = Path(__file__).resolve().parents[3]
 LOADERS = ("torchvision", "memmap", "spdl")
+DALI_NAMES = {"cpu": "dali (cpu)", "gpu": "dali (mixed)"}
+COLOURS = {"torchvision": "C0", "memmap": "C1", "spdl": "C2"}
+COLOURS |= {name: "C3" for name in DALI_NAMES.values()}
 
 
 @dataclass
@@ -270,6 +274,29 @@ def tutorial_row(opts: Options, split: Any, task: str) -> Row:
     )
 
 
+def dali_rows(opts: Options, split: Any, task: str, decode: DecodeLimit) -> list[Row]:
+    """DALI's pipelines at every worker count (as many threads): the CPU backend, and on a
+    CUDA machine the ``mixed`` (nvJPEG) one too; none where DALI is not installed."""
+    from loaderbench.bench.dali import DaliLoader, dali_version
+
+    if dali_version() is None:
+        return []
+    devices = ["cpu", "gpu"] if torch.cuda.is_available() else ["cpu"]
+    rows = []
+    for device, workers in itertools.product(devices, opts.workers):
+        loader = DaliLoader(
+            split, opts.image_size, task == "train", opts.batch_size, workers, device=device
+        )
+        result = measure_loader(loader, opts.epochs[task], opts.repeats)
+        limit = {"limit_name": "CPU decode", "limit_images_per_s": decode.images_per_s}
+        rows.append(
+            measured_row(
+                task, DALI_NAMES[device], workers, result, **(limit if device == "cpu" else {})
+            )
+        )
+    return rows
+
+
 def peer_rows(opts: Options, root: Path, decode: DecodeLimit) -> list[Row]:
     """The peers, timed in this process with the project's meter."""
     from omegaconf import OmegaConf
@@ -285,6 +312,7 @@ def peer_rows(opts: Options, root: Path, decode: DecodeLimit) -> list[Row]:
         split = index.val if task == "val" else index.train
         rows += classic_rows(opts, split, task, decode)
         rows.append(tutorial_row(opts, split, task))
+        rows += dali_rows(opts, split, task, decode)
     return rows
 
 
@@ -337,6 +365,59 @@ def limit_lines(decode: DecodeLimit, copy_bps: float, image_bytes: int) -> list[
     return lines
 
 
+def _rate(row: Row) -> float:
+    return row.images_per_s or 0.0
+
+
+def dali_rate(rows: list[Row], task: str, workers: int | None = None) -> Row | None:
+    """DALI's CPU row for ``task`` at ``workers`` threads (the fastest, without ``workers``)."""
+    dali = [
+        r
+        for r in rows
+        if r.pipeline == task
+        and r.name == DALI_NAMES["cpu"]
+        and r.images_per_s
+        and (workers is None or r.workers == workers)
+    ]
+    return max(dali, key=_rate) if dali else None
+
+
+def answer_lines(rows: list[Row]) -> list[str]:
+    """The report's first lines: for this machine and data, the loader and worker count with
+    the most images/s per pipeline, by how much over the next best loader and over DALI, and
+    at what CPU cost per image."""
+    lines = ["## The answer", ""]
+    for task in ("train", "val"):
+        ours = [r for r in rows if r.pipeline == task and r.name in LOADERS and r.images_per_s]
+        if not ours:
+            continue
+        best = max(ours, key=_rate)
+        others = [r for r in ours if r.name != best.name]
+        line = (
+            f"- **{task}**: `loader={best.name} loader.num_workers={best.workers}`, "
+            f"{_rate(best):,.0f} images/s at {_fmt(best.cpu_s_per_1k_images, 2)} CPU ms an "
+            f"image"
+        )
+        if others:
+            runner = max(others, key=_rate)
+            line += (
+                f"; {_rate(best) / _rate(runner):.2f}x the next best loader ({runner.name} at "
+                f"{runner.workers} workers: {_rate(runner):,.0f} images/s, "
+                f"{_fmt(runner.cpu_s_per_1k_images, 2)} CPU ms an image)"
+            )
+        dali = dali_rate(rows, task)
+        if dali is not None:
+            line += (
+                f"; {_rate(best) / _rate(dali):.2f}x DALI's CPU pipeline (its best, "
+                f"{dali.workers} threads: {_rate(dali):,.0f} images/s, "
+                f"{_fmt(dali.cpu_s_per_1k_images, 2)} CPU ms an image)"
+            )
+        else:
+            line += "; DALI not measured (not installed: `make bench` installs it)"
+        lines.append(line + ".")
+    return [*lines, ""]
+
+
 def pipeline_lines(rows: list[Row]) -> list[str]:
     """The pipelines table, one line a row."""
     return [
@@ -344,20 +425,22 @@ def pipeline_lines(rows: list[Row]) -> list[str]:
         "## Pipelines",
         "",
         "Share = images/s over the pipeline's limit (CPU decode for decoding loaders, memory "
-        "copy for the memmap reader).",
+        "copy for the memmap reader). vs DALI = images/s over DALI's CPU pipeline with as many "
+        "threads as the row has workers.",
         "",
-        "| pipeline | loader | workers | images/s | share of limit | limit | CPU s / 1k images "
-        "| data wait | ttfb s | note |",
-        "|---|---|---|---|---|---|---|---|---|---|",
-        *(pipeline_line(row) for row in rows),
+        "| pipeline | loader | workers | images/s | share of limit | limit | vs DALI "
+        "| CPU s / 1k images | data wait | ttfb s | note |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+        *(pipeline_line(row, dali_rate(rows, row.pipeline, row.workers)) for row in rows),
     ]
 
 
-def pipeline_line(row: Row) -> str:
+def pipeline_line(row: Row, dali: Row | None = None) -> str:
+    vs_dali = f"{_rate(row) / _rate(dali):.2f}x" if dali and row.images_per_s else "-"
     return (
         f"| {row.pipeline} | {row.name} | {_fmt(row.workers)} | {_fmt(row.images_per_s)} | "
         f"{_fmt(row.share and 100 * row.share)}{'%' if row.share else ''} | "
-        f"{row.limit_name or '-'} | {_fmt(row.cpu_s_per_1k_images, 2)} | "
+        f"{row.limit_name or '-'} | {vs_dali} | {_fmt(row.cpu_s_per_1k_images, 2)} | "
         f"{_fmt(row.data_wait_frac, 3)} | {_fmt(row.ttfb_s, 2)} | {row.note} |"
     )
 
@@ -434,6 +517,7 @@ def write_report(
     """report.md, report.json and report.png in ``opts.out``."""
     lines = [
         *header_lines(opts, wall_s),
+        *answer_lines(rows),
         *limit_lines(decode, copy_bps, image_bytes),
         *pipeline_lines(rows),
         *ratio_lines(opts, rows, decode),
@@ -472,10 +556,7 @@ def plot_report(path: Path, rows: list[Row]) -> None:
         bars = ax.bar(
             range(len(values)),
             values,
-            color=[
-                {"torchvision": "C0", "memmap": "C1", "spdl": "C2"}.get(r.name, "C7")
-                for r in task_rows
-            ],
+            color=[COLOURS.get(r.name, "C7") for r in task_rows],
         )
         for bar, row in zip(bars, task_rows, strict=True):
             if row.share:
