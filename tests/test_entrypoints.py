@@ -35,7 +35,15 @@ QUICK = ["model.name=test_resnet", "device=cpu", "loader.batch_size=16", "loader
 @pytest.fixture(scope="module")
 def trained(small_root: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
     cwd = tmp_path_factory.mktemp("train")
-    run_entry("train.py", f"dataset.root={small_root}", "epochs=2", *QUICK, cwd=cwd)
+    run_entry(
+        "train.py",
+        f"dataset.root={small_root}",
+        "epochs=2",
+        "logger.log_every_n_steps=4",
+        "logger.log_checkpoint=true",
+        *QUICK,
+        cwd=cwd,
+    )
     return single_run(cwd, "train")
 
 
@@ -59,7 +67,35 @@ def test_train_writes_metrics_checkpoint_and_wandb(trained: tuple[Path, dict]) -
     assert wandb_run.summary["top1"] == pytest.approx(metrics["top1"])
     assert wandb_run.summary["images_per_s"] == pytest.approx(metrics["images_per_s"])
     assert wandb_run.config["loader"]["name"] == "torchvision"
-    assert [row["epoch"] for row in wandb_run.history] == [1, 2]
+    epochs = [row for row in wandb_run.history if "epoch" in row]
+    assert [row["epoch"] for row in epochs] == [1, 2]
+    assert all(0.0 <= row["val/top1"] <= 1.0 for row in epochs)
+    assert epochs[-1]["val/top1"] == pytest.approx(metrics["top1"])
+
+
+def test_train_logs_step_curves_and_the_checkpoint_artifact(trained: tuple[Path, dict]) -> None:
+    """10 steps an epoch, logger.log_every_n_steps=4: a row at steps 4 and 8 and at each
+    epoch's end, against a global step; the checkpoint as a model artifact."""
+    run_dir, metrics = trained
+    (wandb_run,) = offline_runs(run_dir)
+    steps = [row for row in wandb_run.history if "trainer/global_step" in row]
+    assert [row["trainer/global_step"] for row in steps] == [4, 8, 10, 14, 18, 20]
+    for row in steps:
+        assert {"train/loss", "train/lr", "train/images_per_s", "train/data_wait_frac"} <= set(row)
+        assert row["train/loss"] > 0 and row["train/images_per_s"] > 0
+        assert 0.0 <= row["train/data_wait_frac"] <= 1.0
+    epochs = [row for row in wandb_run.history if "epoch" in row]
+    # The epoch's loss is the mean of its intervals' losses, weighted by their steps.
+    first = steps[:3]
+    weighted = (
+        4 * first[0]["train/loss"] + 4 * first[1]["train/loss"] + 2 * first[2]["train/loss"]
+    ) / 10
+    assert epochs[0]["epoch/train_loss"] == pytest.approx(weighted, rel=1e-5)
+    assert epochs[-1]["epoch/train_loss"] == pytest.approx(metrics["loss"], rel=1e-6)
+    (artifact,) = wandb_run.artifacts
+    assert artifact["type"] == "model" and artifact["name"].endswith("-checkpoint")
+    assert artifact["files"] == ["checkpoint.pt"] and "latest" in artifact["aliases"]
+    assert artifact["metadata"] == {"epoch": 2}
 
 
 def test_eval_reproduces_train_top1(

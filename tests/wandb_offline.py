@@ -53,6 +53,7 @@ class OfflineRun:
     summary: dict[str, Any] = field(default_factory=dict)
     history: list[dict[str, Any]] = field(default_factory=list)
     files: list[str] = field(default_factory=list)
+    artifacts: list[dict[str, Any]] = field(default_factory=list)
 
 
 def _items(updates: Any) -> dict[str, Any]:
@@ -86,6 +87,17 @@ def read_offline_run(run_dir: str | Path) -> OfflineRun:
             run.history.append(_items(record.history.item))
         elif kind == "files":
             run.files.extend(f.path for f in record.files.files)
+        elif kind == "artifact":
+            artifact = record.artifact
+            run.artifacts.append(
+                {
+                    "name": artifact.name,
+                    "type": artifact.type,
+                    "aliases": list(artifact.aliases),
+                    "files": [entry.path for entry in artifact.manifest.contents],
+                    "metadata": json.loads(artifact.metadata or "{}"),
+                }
+            )
     return run
 
 

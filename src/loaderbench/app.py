@@ -69,7 +69,10 @@ def evaluate_model(session: Session, model: nn.Module, loader: Loader) -> dict[s
             session.device,
             meter,
             max_batches=session.cfg.bench.max_batches,
+            log_every=session.cfg.logger.log_every_n_steps,
+            on_log=session.eval_curve(meter),
         )
+    session.end_eval(meter)
     return {**session.loop_metrics(meter, window), **reduce_counts(counts).metrics()}
 
 

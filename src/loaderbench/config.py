@@ -95,6 +95,8 @@ class LoggerConfig:
     # The training loop reads its loss from the device every this many steps (and at the end
     # of an epoch), never in between: the log points of the progress bar and the step curves.
     log_every_n_steps: int = 50
+    # train.py: the last checkpoint as a W&B artifact (type model, named after the run).
+    log_checkpoint: bool = False
 
 
 @dataclass

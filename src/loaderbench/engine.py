@@ -148,13 +148,16 @@ def evaluate(
     max_batches: int | None = None,
     desc: str = "val",
     read: Callable[[torch.Tensor], float] = read_scalar,
+    log_every: int = 50,
+    on_log: Callable[[int], None] | None = None,
 ) -> EvalCounts:
-    """One pass over ``loader``; the counts stay on the device until the end."""
+    """One pass over ``loader``; the counts stay on the device until the end. ``on_log`` gets
+    the batches so far every ``log_every`` batches (it reads nothing from the device)."""
     model.eval()
     top1 = torch.zeros((), dtype=torch.int64, device=device)
     top5 = torch.zeros((), dtype=torch.int64, device=device)
     loss_sum = torch.zeros((), dtype=torch.float64, device=device)
-    images = 0
+    images = batches = 0
     with progress(loader, desc) as bar:
         for batch in meter.iterate(loader, max_batches):
             with precision.autocast(device):
@@ -168,6 +171,9 @@ def evaluate(
             loss_sum += nn.functional.cross_entropy(logits, batch.labels, reduction="sum")
             images += batch.labels.shape[0]
             bar.update(batch.labels.shape[0])
+            batches += 1
+            if on_log is not None and batches % log_every == 0:
+                on_log(batches)
     return EvalCounts(images, int(read(top1)), int(read(top5)), read(loss_sum))
 
 

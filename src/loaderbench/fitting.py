@@ -4,7 +4,7 @@ checkpointing after every epoch. ``fit`` yields each epoch's numbers; the task r
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -15,9 +15,9 @@ from torch import nn
 
 from loaderbench import distributed
 from loaderbench.checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
-from loaderbench.engine import EvalCounts, TrainStep, evaluate, train_one_epoch
+from loaderbench.engine import EvalCounts, StepLog, TrainStep, evaluate, train_one_epoch
 from loaderbench.loaders import Loader
-from loaderbench.meters import CpuWindow
+from loaderbench.meters import CpuWindow, IntervalRates, LoopMeter
 from loaderbench.models import maybe_compile
 from loaderbench.optim import build_optimizer, build_scheduler
 from loaderbench.session import Session
@@ -110,8 +110,40 @@ def reduce_counts(counts: EvalCounts) -> EvalCounts:
 
 def validate(session: Session, model: nn.Module, loader: Loader, desc: str) -> dict[str, float]:
     """Accuracy and loss over the whole val set (all ranks)."""
-    counts = evaluate(model, loader, session.precision, session.device, session.meter(), desc=desc)
+    meter = session.meter()
+    counts = evaluate(
+        model,
+        loader,
+        session.precision,
+        session.device,
+        meter,
+        desc=desc,
+        log_every=session.cfg.logger.log_every_n_steps,
+        on_log=session.eval_curve(meter),
+    )
+    session.end_eval(meter)
     return reduce_counts(counts).metrics()
+
+
+def train_curve(
+    session: Session, training: Training, meter: LoopMeter, first_step: int
+) -> Callable[[StepLog], None]:
+    """The training loop's log points as W&B rows against ``trainer/global_step``: the loss
+    of the steps since the last point, the learning rate, and that interval's throughput
+    and data wait (this rank's). Nothing here reads from the device."""
+    rates = IntervalRates(meter)
+
+    def on_log(point: StepLog) -> None:
+        session.logger.log(
+            {
+                "trainer/global_step": first_step + point.steps,
+                "train/loss": point.loss,
+                "train/lr": training.optimizer.param_groups[0]["lr"],
+                **{f"train/{key}": value for key, value in rates.take().items()},
+            }
+        )
+
+    return on_log
 
 
 def save_training(session: Session, training: Training, epoch: int, metrics: dict) -> None:
@@ -148,15 +180,14 @@ def log_epoch(session: Session, epoch: int, result: dict[str, Any], lr: float) -
     session.logger.log(
         {
             "epoch": epoch,
-            "train/loss": result["loss"],
-            "train/lr": lr,
-            "train/images_per_s": result["images_per_s"],
-            "train/data_wait_frac": result["data_wait_frac"],
+            "epoch/train_loss": result["loss"],
+            "epoch/lr": lr,
+            "epoch/images_per_s": result["images_per_s"],
+            "epoch/data_wait_frac": result["data_wait_frac"],
             "val/top1": result["top1"],
             "val/top5": result["top5"],
             "val/loss": result["val_loss"],
-        },
-        step=epoch,
+        }
     )
 
 
@@ -174,7 +205,8 @@ def fit(
     if cfg.train.resume:
         yield {"resumed_from": str(Path(cfg.checkpoint).absolute())}
     meter, window = session.meter(), CpuWindow(session.monitor)
-    for epoch in epochs_to_run(cfg, start):
+    epochs = epochs_to_run(cfg, start)
+    for epoch in epochs:
         train_loader.set_epoch(epoch)
         with window:
             loss = train_one_epoch(
@@ -184,6 +216,7 @@ def fit(
                 max_batches=cfg.bench.max_batches,
                 desc=f"epoch {epoch + 1}/{cfg.epochs}",
                 log_every=cfg.logger.log_every_n_steps,
+                on_log=train_curve(session, training, meter, epoch * steps),
             )
         val = validate(session, training.eval_model, val_loader, f"val {epoch + 1}/{cfg.epochs}")
         (loss_sum,) = distributed.all_reduce([loss])
@@ -196,4 +229,6 @@ def fit(
         log_epoch(session, epoch + 1, result, training.optimizer.param_groups[0]["lr"])
         if session.dist.is_main:
             save_training(session, training, epoch + 1, {**session.metrics, **result})
+            if cfg.logger.log_checkpoint and epoch + 1 == epochs.stop:
+                session.logger.log_checkpoint(session.run_dir / CHECKPOINT_FILE, epoch + 1)
         yield result

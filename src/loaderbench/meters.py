@@ -120,6 +120,30 @@ class LoopMeter:
         }
 
 
+class IntervalRates:
+    """Throughput and data wait of a loop since the last log point (``take``), from its
+    meter's records: what a step curve plots. Reads no device value and waits for nothing."""
+
+    def __init__(self, meter: LoopMeter) -> None:
+        self.meter = meter
+        self._mark()
+
+    def _mark(self) -> None:
+        self._time = self.meter.clock()
+        self._batches = len(self.meter.sizes)
+
+    def take(self) -> dict[str, float | None]:
+        """``images_per_s`` and ``data_wait_frac`` over the batches since the last call."""
+        meter, now = self.meter, self.meter.clock()
+        elapsed = now - self._time
+        images = sum(meter.sizes[self._batches :])
+        waited = sum(meter.waits[self._batches :])
+        self._mark()
+        if elapsed <= 0:
+            return {"images_per_s": None, "data_wait_frac": None}
+        return {"images_per_s": images / elapsed, "data_wait_frac": min(1.0, waited / elapsed)}
+
+
 def _is_excluded(proc: psutil.Process) -> bool:
     try:
         name = proc.name()

@@ -14,7 +14,7 @@ import json
 import logging
 import math
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,7 +32,13 @@ from loaderbench.distributed import DistInfo
 from loaderbench.images import set_max_pixels
 from loaderbench.loaders import Loader, LoaderSettings, LoaderSpec, build_loader
 from loaderbench.locking import atomic_write_text
-from loaderbench.meters import CpuWindow, LoopMeter, ProcessTreeMonitor, loop_metrics
+from loaderbench.meters import (
+    CpuWindow,
+    IntervalRates,
+    LoopMeter,
+    ProcessTreeMonitor,
+    loop_metrics,
+)
 from loaderbench.pagecache import evict, files_under
 from loaderbench.runtime import (
     Precision,
@@ -66,6 +72,7 @@ class Session:
     logger: RunLogger
     monitor: ProcessTreeMonitor
     metrics: dict[str, Any] = field(default_factory=dict)
+    eval_steps: int = 0  # batches over every evaluation pass so far: the eval curves' axis
 
     def record(self, values: dict[str, Any] | None = None, **more: Any) -> None:
         """Add a step's numbers to the run's metrics (metrics.json and the W&B summary)."""
@@ -105,6 +112,21 @@ class Session:
         edges = synchronizer(self.device)
         sync = edges if self.cfg.bench.sync_cuda else None
         return LoopMeter(self.cfg.bench.warmup_batches, sync=sync, window_sync=edges)
+
+    def eval_curve(self, meter: LoopMeter) -> Callable[[int], None]:
+        """``evaluate``'s log points as W&B rows: throughput and data wait since the last one,
+        against ``eval/step`` (batches over every evaluation pass of the run; ``end_eval``
+        adds a finished pass's)."""
+        rates, start = IntervalRates(meter), self.eval_steps
+
+        def on_log(batches: int) -> None:
+            rows = {f"eval/{key}": value for key, value in rates.take().items()}
+            self.logger.log({"eval/step": start + batches, **rows})
+
+        return on_log
+
+    def end_eval(self, meter: LoopMeter) -> None:
+        self.eval_steps += meter.batches
 
     def loop_metrics(self, meter: LoopMeter, window: CpuWindow) -> dict[str, Any]:
         """A loop's numbers over every rank (images and throughput summed)."""

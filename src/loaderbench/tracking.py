@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import warnings
 from pathlib import Path
 from typing import Any, Protocol
@@ -20,11 +21,15 @@ WANDB_MODES = ("online", "offline", "disabled")
 class RunLogger(Protocol):
     def log(self, metrics: dict[str, Any], step: int | None = None) -> None: ...
     def summary(self, metrics: dict[str, Any]) -> None: ...
+    def log_checkpoint(self, path: Path, epoch: int) -> None: ...
     def finish(self, exit_code: int = 0) -> None: ...
 
 
 class NullLogger:
     def log(self, metrics: dict[str, Any], step: int | None = None) -> None:
+        pass
+
+    def log_checkpoint(self, path: Path, epoch: int) -> None:
         pass
 
     def summary(self, metrics: dict[str, Any]) -> None:
@@ -67,14 +72,22 @@ def wandb_mode(configured: str | None) -> str:
 
 
 def _define_metrics(run: Any) -> None:
-    """Per-epoch curves against ``epoch``; throughput and accuracy as summary columns (the best
-    epoch's accuracy, the last epoch's throughput), so sweep tables compare them directly."""
+    """Each curve on its own axis: the training loop's log points (``train/*``, every
+    ``logger.log_every_n_steps`` steps) against ``trainer/global_step``, evaluation's
+    (``eval/*``) against ``eval/step``, the epochs' numbers (``epoch/*``, ``val/*``) against
+    ``epoch``; throughput and accuracy as summary columns (the best epoch's accuracy, the
+    epochs' throughput), so sweep tables compare them directly."""
     try:
-        run.define_metric("epoch")
-        for pattern in ("train/*", "val/*"):
-            run.define_metric(pattern, step_metric="epoch")
+        for step, patterns in (
+            ("trainer/global_step", ["train/*"]),
+            ("eval/step", ["eval/*"]),
+            ("epoch", ["epoch/*", "val/*"]),
+        ):
+            run.define_metric(step, hidden=step != "epoch")
+            for pattern in patterns:
+                run.define_metric(pattern, step_metric=step)
         run.define_metric("val/top1", step_metric="epoch", summary="max,last")
-        run.define_metric("train/images_per_s", step_metric="epoch", summary="mean,last")
+        run.define_metric("epoch/images_per_s", step_metric="epoch", summary="mean,last")
     except Exception as error:  # an old server or SDK: curves still log, only less tidy
         log.debug("W&B define_metric failed: %s", error)
 
@@ -150,6 +163,22 @@ class WandbLogger:
         except Exception as error:
             log.warning("W&B: log failed: %s", error)
 
+    def log_checkpoint(self, path: Path, epoch: int) -> None:
+        """The checkpoint as an artifact of type ``model`` named after the run (aliases
+        ``latest`` and ``epoch-N``); a failure is a warning, never the run's end."""
+        try:
+            import wandb
+
+            artifact = wandb.Artifact(
+                artifact_name(self.run.name or self.run.id, "checkpoint"),
+                type="model",
+                metadata={"epoch": epoch},
+            )
+            artifact.add_file(str(path))
+            self.run.log_artifact(artifact, aliases=["latest", f"epoch-{epoch}"])
+        except Exception as error:
+            log.warning("W&B: logging the checkpoint failed: %s", error)
+
     def summary(self, metrics: dict[str, Any]) -> None:
         try:
             for key, value in metrics.items():
@@ -162,6 +191,12 @@ class WandbLogger:
             self.run.finish(exit_code=exit_code)
         except Exception as error:
             log.warning("W&B: finish failed: %s", error)
+
+
+def artifact_name(run_name: str, kind: str) -> str:
+    """``<run name>-<kind>`` in the characters W&B allows in an artifact name (a sweep job's
+    name holds ``=`` and ``,``)."""
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", f"{run_name}-{kind}").strip("-")
 
 
 def build_logger(
