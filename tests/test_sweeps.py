@@ -68,6 +68,22 @@ def test_multirun_over_loaders_and_workers_summarises_every_job(
     table = json.loads(table_path.read_text())
     assert len(table["data"]) == 4 and "images_per_s" in table["columns"]
 
+    # Native W&B charts built from the table: images/s, CPU cost and data wait against the
+    # numeric swept key, one series per loader.
+    for metric in ("images_per_s", "cpu_s_per_1k_images", "data_wait_frac"):
+        chart = summary.config[f"_wandb.visualize.chart/{metric}"]
+        assert chart["panel_type"] == "Vega2"
+        fields = chart["panel_config"]["fieldSettings"]
+        assert fields == {"x": "x", "y": metric, "stroke": "series"}
+    (chart_file,) = [f for f in summary.files if "chart/" in f and f.endswith(".table.json")]
+    (chart_path,) = list(sweep.rglob(Path(chart_file).name))
+    chart_table = json.loads(chart_path.read_text())
+    columns = chart_table["columns"]
+    points = {
+        (row[columns.index("series")], row[columns.index("x")]) for row in chart_table["data"]
+    }
+    assert points == {(loader, n) for loader in ("torchvision", "memmap") for n in (0, 1)}
+
 
 @pytest.mark.slow
 def test_failed_job_is_a_failed_row(tiny_root: Path, tmp_path: Path) -> None:

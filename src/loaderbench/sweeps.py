@@ -260,8 +260,63 @@ def log_summary_run(
 
     table = wandb.Table(columns=columns, data=[[_cell(r.get(c)) for c in columns] for r in rows])
     plot = wandb.Image(str(sweep_dir / "summary.png"))
-    logger.log({"summary_table": table, "summary_plot": plot})
+    logger.log(
+        {"summary_table": table, "summary_plot": plot, **native_charts(keys_of(columns), rows)}
+    )
     logger.finish()
+
+
+CHARTED = {
+    "images_per_s": "images/s",
+    "cpu_s_per_1k_images": "CPU s per 1000 images",
+    "data_wait_frac": "data wait (share of the loop)",
+}
+
+
+def keys_of(columns: list[str]) -> list[str]:
+    """The swept keys among a summary's columns (they come between ``job`` and the metrics)."""
+    return [c for c in columns[1:] if c not in SUMMARY_METRICS]
+
+
+def native_charts(keys: list[str], rows: list[dict]) -> dict[str, object]:
+    """W&B charts built from the sweep's rows (the jobs that ran): each charted metric against
+    the numeric swept key, one series per loader (and value of any other swept key), or one
+    bar per job where no swept key is numeric. The group's page compares loaders with them
+    without a panel built by hand."""
+    import wandb
+
+    x_keys = [k for k in keys if k not in ("loader", "loader.name")]
+    x_key = next((k for k in x_keys if all(_numeric(r.get(k)) is not None for r in rows)), None)
+    series_keys = [k for k in x_keys if k != x_key]
+    ok = [r for r in rows if r.get("status") == "ok" and r.get("images_per_s") is not None]
+    if not ok:
+        return {}
+    columns = ["job", "series", "x", *CHARTED]
+    data = [
+        [
+            str(r["job"]),
+            _series(r, series_keys),
+            _numeric(r.get(x_key)) if x_key else None,
+            *(_numeric(r.get(metric)) for metric in CHARTED),
+        ]
+        for r in ok
+    ]
+    table = wandb.Table(columns=columns, data=data)
+    charts: dict[str, object] = {}
+    for metric, label in CHARTED.items():
+        title = f"{label} against {x_key}, by loader" if x_key else f"{label} by job"
+        charts[f"chart/{metric}"] = (
+            wandb.plot.line(table, "x", metric, stroke="series", title=title)
+            if x_key
+            else wandb.plot.bar(table, "job", metric, title=title)
+        )
+    return charts
+
+
+def _series(row: dict, keys: list[str]) -> str:
+    """A chart series: the loader, and the row's values of ``keys``."""
+    extra = job_name([f"{k}={row.get(k)}" for k in keys], keys)
+    return f"{row.get('loader')}{f' ({extra})' if extra else ''}"
 
 
 def _cell(value: object) -> object:
