@@ -99,3 +99,23 @@ def cpu_spec(split, train: bool, loader: str = "torchvision", **overrides):
     spec = {"split": split, "train": train, "image_size": 32, "device": torch.device("cpu")}
     spec.update({k: v for k, v in overrides.items() if k not in keys})
     return LoaderSpec(settings=settings_type(name=loader, **settings), **spec)
+
+
+@pytest.fixture(scope="session")
+def local_slurm(tmp_path_factory: pytest.TempPathFactory):
+    """A one-node SLURM cluster started for the session (scripts/local_slurm.sh): yields the
+    environment to submit with (SLURM_CONF); stops the daemons it started. Skips, with the
+    reason, where SLURM cannot start here (not root, no apt-get)."""
+    state = tmp_path_factory.mktemp("slurm")
+    script = REPO / "scripts" / "local_slurm.sh"
+    proc = subprocess.run(
+        [str(script), "start", str(state)], capture_output=True, text=True, timeout=600
+    )
+    if proc.returncode == 2:
+        pytest.skip(f"no local SLURM: {proc.stderr.strip().splitlines()[-1]}")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    conf = proc.stdout.strip().splitlines()[-1].split("=", 1)[1]
+    try:
+        yield {**os.environ, "SLURM_CONF": conf, "WANDB_MODE": "offline"}
+    finally:
+        subprocess.run([str(script), "stop", str(state)], timeout=120, check=False)

@@ -179,5 +179,7 @@ def test_a_failing_rank_ends_the_job_within_seconds(small_root: Path, tmp_path: 
     assert proc.returncode != 0
     assert bad.name in proc.stdout + proc.stderr
     assert elapsed < 90, f"the job took {elapsed:.0f} s to end"
-    (run_dir,) = run_dirs(tmp_path, "train")
-    assert read_metrics(run_dir)["status"] in ("failed", "interrupted")
+    # Rank 0 writes metrics.json if it leaves the collective before torchrun kills it (gloo
+    # usually reports the closed peer first); if it does, the run says it did not end well.
+    for run_dir in run_dirs(tmp_path, "train"):
+        assert read_metrics(run_dir)["status"] in ("failed", "interrupted")
