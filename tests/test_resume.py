@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 import torch
 
-from tests.conftest import run_dirs, run_entry
+from tests.conftest import REPO, run_dirs, run_entry
 
 pytestmark = pytest.mark.slow
 
@@ -69,3 +75,62 @@ def test_resume_needs_a_checkpoint(tiny_root: Path, tmp_path: Path) -> None:
         check=False,
     )
     assert proc.returncode != 0 and "checkpoint=PATH" in proc.stderr
+
+
+def start_train(*overrides: str, cwd: Path) -> subprocess.Popen:
+    env = {**os.environ, "WANDB_MODE": "offline", "PYTHONUNBUFFERED": "1"}
+    return subprocess.Popen(
+        [sys.executable, str(REPO / "train.py"), *overrides],
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def signal_after(proc: subprocess.Popen, marker: str, signum: int, timeout: float = 300) -> str:
+    """Read the run's output until ``marker``, send ``signum``, return everything printed."""
+    lines, deadline = [], time.monotonic() + timeout
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        lines.append(line)
+        if marker in line:
+            proc.send_signal(signum)
+            break
+        assert time.monotonic() < deadline, "".join(lines[-20:])
+    rest, _ = proc.communicate(timeout=timeout)
+    return "".join(lines) + rest
+
+
+@pytest.mark.parametrize("loader", ["torchvision", "spdl"])
+def test_usr2_checkpoints_mid_epoch_and_the_same_command_continues(
+    loader: str, small_root: Path, tmp_path: Path
+) -> None:
+    """SLURM's time-limit warning (USR2): the run stops at a step boundary with its state, and
+    the same command in the same run directory continues with no flag, ending where an
+    uninterrupted run ends (same epochs, same weights)."""
+    common = [f"dataset.root={small_root}", f"loader={loader}", *RECIPE, "epochs=3"]
+    whole, preempted = tmp_path / "whole", tmp_path / "preempted"
+    whole.mkdir()
+    run_entry("train.py", *common, cwd=whole)
+    run_dir = preempted / "run"
+    args = [*common, f"hydra.run.dir={run_dir}"]
+    proc = start_train(*args, cwd=tmp_path)
+    output = signal_after(proc, "epoch 1/3:", signal.SIGUSR2)
+    assert proc.returncode != 0, output[-3000:]
+    assert "preempted (SIGUSR2)" in output, output[-3000:]
+    stopped = torch.load(run_dir / "checkpoint.pt", weights_only=True)
+    assert stopped["batches"] > 0 and stopped["requeues"] == 1, (stopped["epoch"], output[-2000:])
+    assert json.loads((run_dir / "metrics.json").read_text())["status"] == "preempted"
+
+    run_entry("train.py", *args, cwd=tmp_path)  # the requeued job: same command, no flag
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    assert metrics["status"] == "ok" and metrics["epochs"] == 3 and metrics["requeues"] == 1
+    assert metrics["resumed_from"] == str(run_dir / "checkpoint.pt")
+    (whole_dir,) = run_dirs(whole, "train")
+    expected = torch.load(whole_dir / "checkpoint.pt", weights_only=True)
+    resumed = torch.load(run_dir / "checkpoint.pt", weights_only=True)
+    assert resumed["epoch"] == 3 and resumed["batches"] == 0
+    for name, tensor in expected["model"].items():
+        torch.testing.assert_close(resumed["model"][name], tensor, rtol=1e-5, atol=1e-6)

@@ -22,6 +22,7 @@ from loaderbench.loaders import Loader
 from loaderbench.meters import CpuWindow
 from loaderbench.models import NO_MODEL, build_model, maybe_compile
 from loaderbench.session import Session, open_session
+from loaderbench.stopping import Preempted, requeue
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +35,12 @@ def run_job(task: Callable[[DictConfig], dict[str, Any]], cfg: DictConfig) -> fl
     not abort the jobs after it, so the sweep summary can report it as a failed row."""
     try:
         return task(cfg).get("top1")
+    except Preempted:
+        # State saved: the scheduler requeues the job (submitit's handler exits here), or,
+        # outside SLURM, the same command in the same run directory continues it.
+        if not requeue():
+            log.warning("preempted outside a requeueing job: run again to continue")
+        raise
     except Exception:
         if HydraConfig.get().mode != RunMode.MULTIRUN:
             raise

@@ -12,6 +12,7 @@ import torch
 from loaderbench.locking import atomic_write
 
 FORMAT_VERSION = 1
+CHECKPOINT_FILE = "checkpoint.pt"  # train.py's, in its run directory
 
 
 def rng_state() -> dict[str, Any]:

@@ -152,6 +152,13 @@ class TrainLoopConfig:
 
 
 @dataclass
+class RuntimeConfig:
+    # torch's intra-op threads in each process (null: the CPUs the process was given by SLURM
+    # or torchrun, less its loader's workers; torch's default in a plain run).
+    threads: int | None = None
+
+
+@dataclass
 class RunConfig:
     """The primary config of train.py and eval.py."""
 
@@ -172,6 +179,7 @@ class RunConfig:
     augment: AugmentConfig = field(default_factory=AugmentConfig)
     train: TrainLoopConfig = field(default_factory=TrainLoopConfig)
     bench: BenchConfig = field(default_factory=BenchConfig)
+    runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
 
 
 SCHEMAS: dict[str, type] = {
@@ -201,6 +209,11 @@ def register_configs() -> None:
     """Register the schemas with Hydra's ConfigStore (idempotent)."""
     if not OmegaConf.has_resolver("run_stamp"):
         OmegaConf.register_new_resolver("run_stamp", _run_stamp)
+    if not OmegaConf.has_resolver("if_cuda"):
+        # The SLURM launchers' resources: GPUs only for device=cuda (conf/hydra/launcher/).
+        OmegaConf.register_new_resolver(
+            "if_cuda", lambda device, on_cuda, otherwise: on_cuda if device == "cuda" else otherwise
+        )
     store = ConfigStore.instance()
     store.store(name="run_schema", node=RunConfig)
     for group, schema in SCHEMAS.items():

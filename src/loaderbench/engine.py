@@ -85,9 +85,11 @@ def train_one_epoch(
     log_every: int = 50,
     on_log: Callable[[StepLog], None] | None = None,
     read: Callable[[torch.Tensor], float] = read_scalar,
+    stop: Callable[[int], bool] | None = None,
 ) -> float:
     """One pass of training; returns the epoch's mean loss. The loss is summed on the device
-    and read every ``log_every`` steps (and at the end), nowhere else."""
+    and read every ``log_every`` steps (and at the end), nowhere else. ``stop(steps)``, asked
+    after every step, ends the pass early (a preemption)."""
     step.model.train()
     epoch_loss = Average()
     interval_sum: torch.Tensor | None = None  # on the device: sum of loss x images
@@ -115,6 +117,8 @@ def train_one_epoch(
             bar.update(n)
             if steps % log_every == 0:
                 log_point()
+            if stop is not None and stop(steps):
+                break
         log_point()
     return epoch_loss.mean
 

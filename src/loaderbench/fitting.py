@@ -7,24 +7,29 @@ import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
 from loaderbench import distributed
-from loaderbench.checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
+from loaderbench.checkpoint import (
+    CHECKPOINT_FILE,
+    load_checkpoint,
+    rng_state,
+    save_checkpoint,
+    set_rng_state,
+)
 from loaderbench.engine import EvalCounts, StepLog, TrainStep, evaluate, train_one_epoch
 from loaderbench.loaders import Loader
 from loaderbench.meters import CpuWindow, IntervalRates, LoopMeter
 from loaderbench.models import maybe_compile
 from loaderbench.optim import build_optimizer, build_scheduler
 from loaderbench.session import Session
+from loaderbench.stopping import Preempted, preemption_requested
 
 log = logging.getLogger(__name__)
-
-CHECKPOINT_FILE = "checkpoint.pt"
 
 
 @dataclass
@@ -71,26 +76,79 @@ def start_training(session: Session, model: nn.Module, steps_per_epoch: int) -> 
     return Training(model, step, eval_model, optimizer, scheduler)
 
 
-def resume(session: Session, training: Training) -> int:
-    """Load checkpoint=PATH into the training state; returns the epoch to continue from."""
+@dataclass(frozen=True)
+class ResumePoint:
+    """Where a resumed run continues: after ``epoch`` whole epochs and ``batches`` more."""
+
+    path: Path
+    epoch: int
+    batches: int = 0
+
+
+def resume_point(session: Session) -> ResumePoint | None:
+    """What to continue from: checkpoint=PATH with train.resume=true, or, with no flag at all,
+    the run directory's own checkpoint when it holds a run of the same config (a SLURM job
+    requeued after its time limit or a preemption runs again in the same run directory)."""
     cfg = session.cfg
-    if cfg.checkpoint is None:
-        raise ValueError("train.resume=true needs checkpoint=PATH (a train.py checkpoint.pt)")
-    state = load_checkpoint(cfg.checkpoint, map_location=session.device)
+    if cfg.train.resume:
+        if cfg.checkpoint is None:
+            raise ValueError("train.resume=true needs checkpoint=PATH (a train.py checkpoint.pt)")
+        return ResumePoint(Path(cfg.checkpoint), -1)
+    found = session.resumable
+    if found is None:
+        return None
+    return ResumePoint(found.path, found.epoch, found.batches)
+
+
+def resume(session: Session, training: Training, point: ResumePoint) -> tuple[int, int]:
+    """Load a checkpoint into the training state; returns (epoch, batch) to continue from."""
+    cfg = session.cfg
+    state = load_checkpoint(point.path, map_location=session.device)
     if list(state["classes"]) != list(session.dataset.classes):
-        raise ValueError(f"checkpoint {cfg.checkpoint} was trained on other classes")
+        raise ValueError(f"checkpoint {point.path} was trained on other classes")
     for key in ("image_size", "seed"):
         if state["config"][key] != cfg[key]:
             raise ValueError(
-                f"{key}={cfg[key]} but checkpoint {cfg.checkpoint} was trained with "
+                f"{key}={cfg[key]} but checkpoint {point.path} was trained with "
                 f"{state['config'][key]}; a resumed run must keep it"
             )
     training.model.load_state_dict(state["model"])
     training.optimizer.load_state_dict(state["optimizer"])
     training.scheduler.load_state_dict(state["scheduler"])
     set_rng_state(state["rng"])
-    log.info("resuming from %s at epoch %d of %d", cfg.checkpoint, state["epoch"], cfg.epochs)
-    return int(state["epoch"])
+    epoch, batches = int(state["epoch"]), int(state.get("batches", 0))
+    log.info(
+        "resuming from %s after %d epochs%s, to %d",
+        point.path,
+        epoch,
+        f" and {batches} batches" if batches else "",
+        cfg.epochs,
+    )
+    return epoch, batches
+
+
+class PreemptionCheck:
+    """Whether the training loop stops after this step for a preemption or a time limit: at
+    once in one process; at a log point in a data-parallel job, where every rank takes the
+    same decision (one small all-reduce there, where the loop reads from the device anyway),
+    so no rank stops a step before the others and leaves them in a collective."""
+
+    def __init__(self, world_size: int, every: int) -> None:
+        self.world_size = world_size
+        self.every = every
+        self.stopped_at: int | None = None
+
+    def __call__(self, steps: int) -> bool:
+        if self.world_size > 1:
+            if steps % self.every:
+                return False
+            (flag,) = distributed.all_reduce([float(preemption_requested())], op="max")
+            stop = flag > 0
+        else:
+            stop = preemption_requested()
+        if stop:
+            self.stopped_at = steps
+        return stop
 
 
 def epochs_to_run(cfg: DictConfig, start: int) -> range:
@@ -146,8 +204,10 @@ def train_curve(
     return on_log
 
 
-def save_training(session: Session, training: Training, epoch: int, metrics: dict) -> None:
-    """The checkpoint after ``epoch`` epochs (rank 0; written atomically)."""
+def save_training(
+    session: Session, training: Training, epoch: int, metrics: dict, batches: int = 0
+) -> None:
+    """The checkpoint after ``epoch`` epochs and ``batches`` more (rank 0; atomic)."""
     save_checkpoint(
         session.run_dir / CHECKPOINT_FILE,
         {
@@ -155,6 +215,9 @@ def save_training(session: Session, training: Training, epoch: int, metrics: dic
             "optimizer": training.optimizer.state_dict(),
             "scheduler": training.scheduler.state_dict(),
             "epoch": epoch,
+            "batches": batches,
+            "requeues": session.metrics.get("requeues", 0) + (1 if batches else 0),
+            "wandb_run_id": session.logger.run_id,
             "config": OmegaConf.to_container(session.cfg, resolve=True),
             "classes": list(session.dataset.classes),
             "metrics": {
@@ -201,23 +264,30 @@ def fit(
     if cfg.bench.max_batches is not None:
         steps = min(steps, cfg.bench.max_batches)
     training = start_training(session, model, steps)
-    start = resume(session, training) if cfg.train.resume else 0
-    if cfg.train.resume:
-        yield {"resumed_from": str(Path(cfg.checkpoint).absolute())}
+    point = resume_point(session)
+    start, skip = resume(session, training, point) if point else (0, 0)
+    if point:
+        yield {"resumed_from": str(point.path.absolute())}
     meter, window = session.meter(), CpuWindow(session.monitor)
+    stop = PreemptionCheck(session.dist.world_size, cfg.logger.log_every_n_steps)
     epochs = epochs_to_run(cfg, start)
     for epoch in epochs:
-        train_loader.set_epoch(epoch)
+        first = skip if epoch == start else 0  # batches of this epoch done before a requeue
+        train_loader.set_epoch(epoch, first)
+        limit = cfg.bench.max_batches and max(1, cfg.bench.max_batches - first)
         with window:
             loss = train_one_epoch(
                 training.step,
                 train_loader,
                 meter,
-                max_batches=cfg.bench.max_batches,
+                max_batches=limit,
                 desc=f"epoch {epoch + 1}/{cfg.epochs}",
                 log_every=cfg.logger.log_every_n_steps,
-                on_log=train_curve(session, training, meter, epoch * steps),
+                on_log=train_curve(session, training, meter, epoch * steps + first),
+                stop=stop,
             )
+        if stop.stopped_at is not None:
+            preempt(session, training, epoch, first + stop.stopped_at)
         val = validate(session, training.eval_model, val_loader, f"val {epoch + 1}/{cfg.epochs}")
         (loss_sum,) = distributed.all_reduce([loss])
         result = {
@@ -232,3 +302,16 @@ def fit(
             if cfg.logger.log_checkpoint and epoch + 1 == epochs.stop:
                 session.logger.log_checkpoint(session.run_dir / CHECKPOINT_FILE, epoch + 1)
         yield result
+
+
+def preempt(session: Session, training: Training, epoch: int, batches: int) -> NoReturn:
+    """Save the state after ``batches`` batches of ``epoch`` and stop the run (``Preempted``);
+    the requeued job continues from there."""
+    if session.dist.is_main:
+        save_training(session, training, epoch, session.metrics, batches=batches)
+    log.warning(
+        "preempted (SIGUSR2) after %d batches of epoch %d: checkpoint written, requeueing",
+        batches,
+        epoch + 1,
+    )
+    raise Preempted(f"preempted after {batches} batches of epoch {epoch + 1}")

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import logging
+import os
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -10,6 +12,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 from omegaconf import DictConfig
+
+log = logging.getLogger(__name__)
 
 DEVICE_TYPES = ("auto", "cpu", "cuda")
 
@@ -104,3 +108,51 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
+
+
+def _local_tasks(env: os._Environ | dict[str, str]) -> int:
+    """Processes of this job on this node: torchrun's LOCAL_WORLD_SIZE, or SLURM's tasks per
+    node (``2`` or ``2(x3)``)."""
+    for key in ("LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE", "SLURM_TASKS_PER_NODE"):
+        value = env.get(key)
+        if value:
+            return max(1, int(value.split("(")[0].split(",")[0]))
+    return 1
+
+
+def allotted_cpus(env: os._Environ | dict[str, str] = os.environ) -> tuple[int, str] | None:
+    """The CPUs this process was given, and by whom; None when nobody said (a plain run, where
+    torch's own default stands)."""
+    if env.get("SLURM_CPUS_PER_TASK"):
+        return int(env["SLURM_CPUS_PER_TASK"]), "SLURM_CPUS_PER_TASK"
+    tasks = _local_tasks(env)
+    if env.get("SLURM_JOB_ID") and env.get("SLURM_CPUS_ON_NODE"):
+        cpus = int(env["SLURM_CPUS_ON_NODE"])
+        return max(1, cpus // tasks), f"SLURM_CPUS_ON_NODE={cpus} / {tasks} tasks"
+    if tasks > 1:
+        cpus = len(os.sched_getaffinity(0))
+        return max(1, cpus // tasks), f"{cpus} CPUs / {tasks} local ranks"
+    return None
+
+
+def set_intra_op_threads(
+    configured: int | None, loader_threads: int, env: os._Environ | dict[str, str] = os.environ
+) -> dict[str, object]:
+    """torch's intra-op threads (and OpenMP's, for child processes) for this process: the
+    CPUs it was given less its loader's decode threads or workers, at least one;
+    ``runtime.threads=N`` overrides. Several ranks or SLURM tasks on one node would otherwise
+    each run as many intra-op threads as the node has cores, plus their loaders' threads.
+    Returns what metrics.json records."""
+    allotment = allotted_cpus(env)
+    if configured is not None:
+        threads, source = configured, "runtime.threads"
+    elif allotment is not None:
+        cpus, given_by = allotment
+        threads = max(1, cpus - loader_threads)
+        source = f"{given_by} - {loader_threads} loader threads"
+    else:
+        return {"intra_op_threads": torch.get_num_threads(), "intra_op_threads_source": "torch"}
+    torch.set_num_threads(threads)
+    os.environ["OMP_NUM_THREADS"] = str(threads)
+    log.info("intra-op threads: %d (%s)", threads, source)
+    return {"intra_op_threads": threads, "intra_op_threads_source": source}

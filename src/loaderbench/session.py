@@ -27,6 +27,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from loaderbench import __version__, distributed
+from loaderbench.checkpoint import CHECKPOINT_FILE
 from loaderbench.data import DatasetIndex, discover, resolve_path
 from loaderbench.distributed import DistInfo
 from loaderbench.images import set_max_pixels
@@ -45,9 +46,15 @@ from loaderbench.runtime import (
     resolve_device,
     resolve_precision,
     seed_everything,
+    set_intra_op_threads,
     synchronizer,
 )
-from loaderbench.stopping import raise_if_stop_requested, stop_signals_as_interrupt
+from loaderbench.stopping import (
+    Preempted,
+    preemption_noted,
+    raise_if_stop_requested,
+    stop_signals_as_interrupt,
+)
 from loaderbench.sweeps import job_name, sweep_group, swept_keys
 from loaderbench.tracking import NullLogger, RunLogger, build_logger
 from loaderbench.validation import validate_against_dataset, validate_config
@@ -73,6 +80,7 @@ class Session:
     monitor: ProcessTreeMonitor
     metrics: dict[str, Any] = field(default_factory=dict)
     eval_steps: int = 0  # batches over every evaluation pass so far: the eval curves' axis
+    resumable: Resumable | None = None  # the run directory's own checkpoint, to continue
 
     def record(self, values: dict[str, Any] | None = None, **more: Any) -> None:
         """Add a step's numbers to the run's metrics (metrics.json and the W&B summary)."""
@@ -192,8 +200,10 @@ def sweep_identity() -> tuple[str | None, str | None]:
     return group, name or hydra_cfg.job.override_dirname or f"job{hydra_cfg.job.num}"
 
 
-def start_logger(cfg: DictConfig, run_dir: Path, task: str, info: DistInfo) -> RunLogger:
-    """The run's W&B run (rank 0 only)."""
+def start_logger(
+    cfg: DictConfig, run_dir: Path, task: str, info: DistInfo, run_id: str | None = None
+) -> RunLogger:
+    """The run's W&B run (rank 0 only); ``run_id``: the one a requeued job continues."""
     if not info.is_main:
         return NullLogger()
     group, name = sweep_identity()
@@ -204,7 +214,54 @@ def start_logger(cfg: DictConfig, run_dir: Path, task: str, info: DistInfo) -> R
         job_type=task,
         group=group,
         name=name,
+        run_id=run_id,
     )
+
+
+@dataclass(frozen=True)
+class Resumable:
+    """A checkpoint in the run directory that this run continues (no flag needed)."""
+
+    path: Path
+    epoch: int
+    batches: int
+    requeues: int
+    wandb_run_id: str | None
+
+
+# Keys a continued run may change: how it was asked to resume.
+RESUME_KEYS = ("checkpoint", "train.resume")
+
+
+def _comparable(config: dict[str, Any]) -> dict[str, Any]:
+    config = OmegaConf.to_container(OmegaConf.create(config), resolve=True)  # type: ignore[assignment]
+    for key in RESUME_KEYS:
+        head, _, leaf = key.rpartition(".")
+        (config.get(head, {}) if head else config).pop(leaf, None)
+    return config
+
+
+def find_resumable(cfg: DictConfig, run_dir: Path, task: str) -> Resumable | None:
+    """The run directory's checkpoint if it holds an unfinished run of this very config: a
+    SLURM job requeued after its time limit or a preemption runs again in the same run
+    directory, and continues where it stopped without any flag from the user."""
+    path = run_dir / CHECKPOINT_FILE
+    if task != "train" or cfg.train.resume or not path.is_file():
+        return None
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception as error:
+        log.warning("%s cannot be read (%s): not resuming from it", path, error)
+        return None
+    ours = _comparable(OmegaConf.to_container(cfg, resolve=True))  # type: ignore[arg-type]
+    if _comparable(state.get("config", {})) != ours:
+        log.warning("%s holds a run of another config: not resuming from it", path)
+        return None
+    epoch, batches = int(state["epoch"]), int(state.get("batches", 0))
+    if epoch >= cfg.epochs and not batches:
+        return None  # a finished run
+    log.info("%s holds this run, stopped after %d epochs and %d batches", path, epoch, batches)
+    return Resumable(path, epoch, batches, int(state.get("requeues", 0)), state.get("wandb_run_id"))
 
 
 def base_metrics(cfg: DictConfig, task: str) -> dict[str, Any]:
@@ -242,7 +299,7 @@ def dataset_metrics(dataset: DatasetIndex) -> dict[str, Any]:
 @contextmanager
 def open_session(cfg: DictConfig, task: str) -> Iterator[Session]:
     """Set a job up; whatever happens inside, metrics.json is written and W&B finished."""
-    with stop_signals_as_interrupt():
+    with stop_signals_as_interrupt(), preemption_noted():
         started = time.perf_counter()
         run_dir = Path(HydraConfig.get().runtime.output_dir)
         metrics = base_metrics(cfg, task)
@@ -256,6 +313,9 @@ def open_session(cfg: DictConfig, task: str) -> Iterator[Session]:
             metrics.update(_tree_totals(monitor, metrics), status="ok")
         except KeyboardInterrupt:
             metrics["status"] = "interrupted"
+            raise
+        except Preempted:
+            metrics["status"] = "preempted"
             raise
         except BaseException as error:
             metrics.update(status="failed", error=f"{type(error).__name__}: {error}")
@@ -280,13 +340,28 @@ def _set_up(
     settings = validate_config(cfg)  # every key, before anything starts
     device, precision = start_process(cfg, info)
     metrics.update(world_size=info.world_size, device=str(device))
+    metrics.update(set_intra_op_threads(cfg.runtime.threads, settings.num_workers))
     dataset = find_dataset(cfg, settings, task, info.world_size)
     metrics.update(dataset_metrics(dataset))
     metrics["page_cache"] = prepare_page_cache(cfg, dataset, getattr(settings, "cache_dir", None))
-    logger = start_logger(cfg, run_dir, task, info)
+    resumable = find_resumable(cfg, run_dir, task)
+    if task == "train":
+        metrics["requeues"] = resumable.requeues if resumable else 0
+    logger = start_logger(cfg, run_dir, task, info, resumable and resumable.wandb_run_id)
     monitor.start()
     return Session(
-        cfg, task, run_dir, info, device, precision, settings, dataset, logger, monitor, metrics
+        cfg,
+        task,
+        run_dir,
+        info,
+        device,
+        precision,
+        settings,
+        dataset,
+        logger,
+        monitor,
+        metrics,
+        resumable=resumable,
     )
 
 

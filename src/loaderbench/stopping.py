@@ -21,6 +21,7 @@ recorded for the next check. Long work (a cache build, an epoch) stays outside, 
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 import threading
@@ -88,3 +89,59 @@ def stop_signals_as_interrupt() -> Iterator[None]:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         _requested = None
+
+
+# ---------------------------------------------------------------------------------------------
+# Preemption and time limits: SLURM's warning (``--signal=USR2@N``, or ``scancel --signal=USR2``
+# for a preemption) asks the job to save its work and come back later. The signal reaches every
+# process of the job step, DataLoader workers and cache-build processes included (they are
+# forks, and a fork inherits the handler): it is noted in the run's main process only, the
+# training loop stops at a step boundary, the run writes a checkpoint, and ``requeue`` hands
+# over to the handler that was there before (submitit's: requeue the job, then exit).
+
+PREEMPT_SIGNAL = signal.SIGUSR2
+
+_preempted = False
+_handler_before: object = None
+
+
+class Preempted(Exception):
+    """The run stopped at a step boundary for a time limit or a preemption, its state saved."""
+
+
+def preemption_requested() -> bool:
+    return _preempted
+
+
+@contextmanager
+def preemption_noted() -> Iterator[None]:
+    """Note USR2 in this (main) process instead of acting on it at once; forked children
+    ignore it. Inside a submitit job the handler it replaces is kept for ``requeue``."""
+    global _preempted, _handler_before
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    main_pid = os.getpid()
+
+    def note(signum: int, frame: object) -> None:
+        global _preempted
+        if os.getpid() == main_pid:
+            _preempted = True
+
+    _handler_before = signal.signal(PREEMPT_SIGNAL, note)
+    try:
+        yield
+    finally:
+        signal.signal(PREEMPT_SIGNAL, _handler_before)  # type: ignore[arg-type]
+        _preempted = False
+
+
+def requeue() -> bool:
+    """After a preempted run has saved its state: let the job's scheduler requeue it (the
+    handler USR2 had before, submitit's, requeues the SLURM job and exits). False where
+    nobody can (a run outside SLURM): the caller ends with the saved state."""
+    handler = _handler_before
+    if not callable(handler):
+        return False
+    handler(PREEMPT_SIGNAL, None)
+    return True

@@ -24,8 +24,13 @@ class RunLogger(Protocol):
     def log_checkpoint(self, path: Path, epoch: int) -> None: ...
     def finish(self, exit_code: int = 0) -> None: ...
 
+    @property
+    def run_id(self) -> str | None: ...
+
 
 class NullLogger:
+    run_id = None
+
     def log(self, metrics: dict[str, Any], step: int | None = None) -> None:
         pass
 
@@ -98,6 +103,10 @@ class WandbLogger:
     def __init__(self, run: Any) -> None:
         self.run = run
 
+    @property
+    def run_id(self) -> str | None:
+        return str(self.run.id)
+
     @classmethod
     def start(
         cls,
@@ -112,7 +121,9 @@ class WandbLogger:
         name: str | None,
         tags: list[str],
         init_timeout_s: float,
+        run_id: str | None = None,
     ) -> RunLogger:
+        """A W&B run; with ``run_id`` the run of that id, continued (a requeued job)."""
         try:
             import wandb
         except ImportError:  # pragma: no cover - wandb is in requirements.txt
@@ -135,6 +146,8 @@ class WandbLogger:
                     name=name,
                     tags=tags or None,
                     mode=attempt_mode,
+                    id=run_id,
+                    resume="allow" if run_id else None,
                     reinit="finish_previous",
                     settings=wandb.Settings(
                         init_timeout=init_timeout_s,
@@ -207,6 +220,7 @@ def build_logger(
     job_type: str,
     group: str | None,
     name: str | None,
+    run_id: str | None = None,
 ) -> RunLogger:
     if cfg.name == "none":
         return NullLogger()
@@ -223,4 +237,5 @@ def build_logger(
         name=name,
         tags=list(cfg.tags),
         init_timeout_s=cfg.init_timeout_s,
+        run_id=run_id,
     )

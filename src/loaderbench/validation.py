@@ -48,6 +48,11 @@ def _run_checks(cfg: DictConfig) -> list[Check]:
             "logger.log_every_n_steps must be >= 1",
             cfg.logger.log_every_n_steps,
         ),
+        (
+            cfg.runtime.threads is None or cfg.runtime.threads >= 1,
+            "runtime.threads must be >= 1 or null",
+            cfg.runtime.threads,
+        ),
         (bench.warmup_batches >= 0, "bench.warmup_batches must be >= 0", bench.warmup_batches),
         (
             bench.max_batches is None or bench.max_batches >= 1,

@@ -71,14 +71,16 @@ class LoaderSpec:
     def use_pinned_memory(self) -> bool:
         return self.settings.pin_memory and self.device.type == "cuda"
 
-    def epoch_order(self, epoch: int) -> torch.Tensor:
-        """This rank's image indices of ``epoch``, in the order every loader shares."""
+    def epoch_order(self, epoch: int, start_batch: int = 0) -> torch.Tensor:
+        """This rank's image indices of ``epoch``, in the order every loader shares, from its
+        batch ``start_batch`` on (a job resumed in the middle of an epoch)."""
         order = epoch_permutation(len(self.split), self.seed, epoch, shuffle=self.train)
-        return shard_indices(order, self.batch_size, self.drop_last, self.rank, self.world_size)
+        mine = shard_indices(order, self.batch_size, self.drop_last, self.rank, self.world_size)
+        return mine[start_batch * self.batch_size :]
 
-    def epoch_batches(self, epoch: int) -> list[torch.Tensor]:
-        """This rank's batches of image indices for ``epoch``."""
-        mine = self.epoch_order(epoch)
+    def epoch_batches(self, epoch: int, start_batch: int = 0) -> list[torch.Tensor]:
+        """This rank's batches of image indices for ``epoch`` (from batch ``start_batch``)."""
+        mine = self.epoch_order(epoch, start_batch)
         return list(torch.split(mine, self.batch_size)) if len(mine) else []
 
     def random_crops(
@@ -101,6 +103,7 @@ class Loader(abc.ABC):
     def __init__(self, spec: LoaderSpec) -> None:
         self.spec = spec
         self.epoch = 0
+        self.start_batch = 0
 
     @abc.abstractmethod
     def __iter__(self) -> Iterator[Batch]: ...
@@ -109,8 +112,11 @@ class Loader(abc.ABC):
         """Batches per epoch on this rank."""
         return self.spec.batches_per_epoch()
 
-    def set_epoch(self, epoch: int) -> None:
+    def set_epoch(self, epoch: int, start_batch: int = 0) -> None:
+        """The epoch the next iteration serves, from its batch ``start_batch`` (a job resumed
+        in the middle of an epoch; the epoch's order and augmentation are the same)."""
         self.epoch = epoch
+        self.start_batch = start_batch
 
     def stats(self) -> dict[str, Any]:
         """Loader-specific numbers for metrics.json (``skipped_files`` at least)."""

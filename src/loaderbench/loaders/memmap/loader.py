@@ -230,7 +230,8 @@ class MemmapLoader(Loader):
         )
 
     def __iter__(self) -> Iterator[Batch]:
-        iterator = self._iterate(self.epoch, self.spec.epoch_batches(self.epoch))
+        batches = self.spec.epoch_batches(self.epoch, self.start_batch)
+        iterator = self._iterate(self.epoch, batches)
         self._live.add(iterator)
         return iterator
 

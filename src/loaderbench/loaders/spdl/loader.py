@@ -117,7 +117,7 @@ def epoch_samples(spec: LoaderSpec, epoch: int) -> Iterator[Sample]:
         yield from batch
 
 
-def epoch_batches(spec: LoaderSpec, epoch: int) -> Iterator[list[Sample]]:
+def epoch_batches(spec: LoaderSpec, epoch: int, start_batch: int = 0) -> Iterator[list[Sample]]:
     """This rank's batches of an epoch: the source of the pipeline.
 
     A generator (SPDL iterates it on its source thread), so an ImageNet-sized epoch is never
@@ -127,7 +127,7 @@ def epoch_batches(spec: LoaderSpec, epoch: int) -> Iterator[list[Sample]]:
     the decoders, which then wait for the GIL); one item per batch makes that cost vanish.
     """
     split = spec.split
-    for chunk in spec.epoch_batches(epoch):
+    for chunk in spec.epoch_batches(epoch, start_batch):
         yield [Sample(i, split.paths[i], split.labels[i], epoch) for i in chunk.tolist()]
 
 
@@ -139,13 +139,15 @@ class EpochSource:
     epochs itself, from the one the pipeline was built for.
     """
 
-    def __init__(self, spec: LoaderSpec, first_epoch: int) -> None:
+    def __init__(self, spec: LoaderSpec, first_epoch: int, start_batch: int = 0) -> None:
         self.spec = spec
         self.next_epoch = first_epoch
+        self.start_batch = start_batch  # of the first epoch only (a resumed job)
 
     def __iter__(self) -> Iterator[list[Sample]]:
         epoch, self.next_epoch = self.next_epoch, self.next_epoch + 1
-        return epoch_batches(self.spec, epoch)
+        start, self.start_batch = self.start_batch, 0
+        return epoch_batches(self.spec, epoch, start)
 
 
 @register_loader("spdl")
@@ -191,7 +193,9 @@ class SpdlLoader(Loader):
         self._executor = ThreadPoolExecutor(self.decode_threads, "loaderbench_spdl_decode")
         builder = (
             PipelineBuilder()
-            .add_source(EpochSource(spec, epoch), continuous=self.settings.persistent)
+            .add_source(
+                EpochSource(spec, epoch, self.start_batch), continuous=self.settings.persistent
+            )
             .pipe(
                 in_pool_thread(self._decode),
                 concurrency=self.decode_threads,
@@ -215,8 +219,9 @@ class SpdlLoader(Loader):
     def _pipeline_for(self, epoch: int) -> Pipeline[DecodedBatch]:
         """The running pipeline if it serves ``epoch`` next, else a new one, started."""
         # Val batches do not depend on the epoch (no shuffle, no augmentation): any will do.
-        if self._pipeline is not None and (self._pipeline_epoch == epoch or not self.spec.train):
-            return self._pipeline
+        running = self._pipeline is not None and not self.start_batch
+        if running and (self._pipeline_epoch == epoch or not self.spec.train):
+            return self._pipeline  # type: ignore[return-value]
         self.close()  # an earlier epoch left unfinished, or set_epoch jumped
         pipeline = self.build_pipeline(epoch)
         self._pipeline, self._pipeline_epoch = pipeline, epoch

@@ -111,16 +111,17 @@ class EpochSampler(Sampler[tuple[int, int]]):
     def __init__(self, spec: LoaderSpec) -> None:
         self.spec = spec
         self.epoch = 0
+        self.start_batch = 0
 
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
+    def set_epoch(self, epoch: int, start_batch: int = 0) -> None:
+        self.epoch, self.start_batch = epoch, start_batch
 
     def __iter__(self) -> Iterator[tuple[int, int]]:
         epoch = self.epoch
-        return iter((i, epoch) for i in self.spec.epoch_order(epoch).tolist())
+        return iter((i, epoch) for i in self.spec.epoch_order(epoch, self.start_batch).tolist())
 
     def __len__(self) -> int:
-        return len(self.spec.epoch_order(self.epoch))
+        return len(self.spec.epoch_order(self.epoch, self.start_batch))
 
 
 @register_loader("torchvision")
@@ -151,9 +152,9 @@ class TorchvisionLoader(Loader):
         )
         self.skipped: set[int] = set()
 
-    def set_epoch(self, epoch: int) -> None:
-        super().set_epoch(epoch)
-        self.sampler.set_epoch(epoch)
+    def set_epoch(self, epoch: int, start_batch: int = 0) -> None:
+        super().set_epoch(epoch, start_batch)
+        self.sampler.set_epoch(epoch, start_batch)
 
     def __iter__(self) -> Iterator[Batch]:
         non_blocking = self.spec.use_pinned_memory
