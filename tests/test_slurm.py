@@ -1,0 +1,157 @@
+"""The SLURM launchers on a real one-node SLURM cluster (scripts/local_slurm.sh), with the
+launchers' GPU settings left as they are: on a CPU node they ask for no GPU by themselves."""
+
+from __future__ import annotations
+
+import csv
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, run_entry
+from tests.test_distributed import torchrun
+
+pytestmark = [pytest.mark.slow, pytest.mark.slurm]
+
+
+def sweep_rows(cwd: Path, task: str) -> tuple[Path, list[dict]]:
+    (summary,) = (cwd / "outputs" / task / "multirun").rglob("summary.csv")
+    with open(summary) as f:
+        return summary.parent, list(csv.DictReader(f))
+
+
+def job_metrics(sweep: Path) -> list[dict]:
+    return [json.loads(p.read_text()) for p in sorted(sweep.glob("*/metrics.json"))]
+
+
+def test_a_slurm_multirun_runs_every_job_and_summarises(
+    local_slurm: dict, tiny_root: Path, tmp_path: Path
+) -> None:
+    run_entry(
+        "eval.py",
+        "--multirun",
+        "hydra/launcher=slurm",
+        "model=none",
+        "loader=torchvision,spdl",
+        "loader.batch_size=4",
+        "logger=none",
+        f"dataset.root={tiny_root}",
+        cwd=tmp_path,
+        env=local_slurm,
+    )
+    sweep, rows = sweep_rows(tmp_path, "eval")
+    assert {r["loader"] for r in rows} == {"torchvision", "spdl"}
+    assert all(r["status"] == "ok" and int(r["images"]) == 12 for r in rows), rows
+    # A SLURM job without -c: the node's CPUs for its one task, less the loader's workers.
+    for metrics in job_metrics(sweep):
+        assert metrics["intra_op_threads_source"].startswith("SLURM_CPUS_ON_NODE")
+
+
+def test_a_failing_job_is_a_failed_row_and_the_sweep_goes_on(
+    local_slurm: dict, tiny_root: Path, tmp_path: Path
+) -> None:
+    run_entry(
+        "eval.py",
+        "--multirun",
+        "hydra/launcher=slurm",
+        "model=none",
+        "loader.batch_size=4,0",
+        "logger=none",
+        f"dataset.root={tiny_root}",
+        cwd=tmp_path,
+        env=local_slurm,
+    )
+    _, rows = sweep_rows(tmp_path, "eval")
+    by_size = {r["loader.batch_size"]: r for r in rows}
+    assert by_size["4"]["status"] == "ok"
+    assert by_size["0"]["status"] == "failed" and "batch_size" in by_size["0"]["error"]
+
+
+TRAIN = [
+    "device=cpu",
+    "epochs=2",
+    "model.name=test_resnet",
+    "loader.batch_size=16",
+    "loader.num_workers=1",
+    "logger=none",
+]
+
+
+def test_slurm_ddp_matches_torchrun(local_slurm: dict, small_root: Path, tmp_path: Path) -> None:
+    """Two gloo tasks of one SLURM job, one CPU each: the same numbers as torchrun's."""
+    slurm_cwd, torchrun_cwd = tmp_path / "slurm", tmp_path / "torchrun"
+    slurm_cwd.mkdir()
+    torchrun_cwd.mkdir()
+    common = [f"dataset.root={small_root}", "loader=memmap", *TRAIN]
+    run_entry(
+        "train.py",
+        "--multirun",
+        "hydra/launcher=slurm_ddp",
+        "hydra.launcher.tasks_per_node=2",
+        "hydra.launcher.cpus_per_task=1",
+        *common,
+        f"loader.cache_dir={tmp_path / 'cache'}",
+        cwd=slurm_cwd,
+        env=local_slurm,
+    )
+    sweep, _ = sweep_rows(slurm_cwd, "train")
+    (slurm,) = job_metrics(sweep)
+    torchrun(*common, f"loader.cache_dir={tmp_path / 'cache'}", cwd=torchrun_cwd)
+    (reference,) = [json.loads(p.read_text()) for p in torchrun_cwd.rglob("metrics.json")]
+    assert slurm["status"] == reference["status"] == "ok"
+    assert slurm["world_size"] == reference["world_size"] == 2
+    assert slurm["images"] == reference["images"] == 2 * 160
+    assert slurm["loss"] == pytest.approx(reference["loss"], rel=1e-4)
+    assert slurm["top1"] == pytest.approx(reference["top1"], abs=1e-9)
+    assert slurm["intra_op_threads"] == 1  # 1 CPU a task, less 1 loader thread, at least 1
+
+
+def squeue_job(env: dict) -> str | None:
+    out = subprocess.run(
+        ["squeue", "-h", "-o", "%i %T"], env=env, capture_output=True, text=True
+    ).stdout.split()
+    return out[0] if len(out) >= 2 and out[1] == "RUNNING" else None
+
+
+def test_usr2_requeues_the_job_which_resumes_and_finishes(
+    local_slurm: dict, small_root: Path, tmp_path: Path
+) -> None:
+    """SLURM's pre-time-limit signal mid-run: the job checkpoints, requeues itself, and the
+    requeued job resumes from its run directory and ends with every epoch."""
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            str(REPO / "train.py"),
+            "--multirun",
+            "hydra/launcher=slurm",
+            f"dataset.root={small_root}",
+            "loader=torchvision",
+            *TRAIN,
+            "epochs=3",
+        ],
+        cwd=tmp_path,
+        env=local_slurm,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    deadline = time.monotonic() + 300
+    signalled = False
+    while proc.poll() is None and time.monotonic() < deadline:
+        logs = list((tmp_path / "outputs").rglob("train.log"))
+        job = squeue_job(local_slurm)
+        if not signalled and job and logs and "epoch 1/3:" in logs[0].read_text():
+            subprocess.run(["scancel", "--signal=USR2", job], env=local_slurm, check=True)
+            signalled = True
+        time.sleep(0.5)
+    output, _ = proc.communicate(timeout=300)
+    assert signalled and proc.returncode == 0, output[-4000:]
+    sweep, rows = sweep_rows(tmp_path, "train")
+    (metrics,) = job_metrics(sweep)
+    assert metrics["status"] == "ok" and metrics["epochs"] == 3, metrics
+    assert metrics["requeues"] == 1 and metrics["resumed_from"].endswith("checkpoint.pt")
+    assert rows[0]["status"] == "ok"
