@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from tests.conftest import REPO, run_dirs, run_entry
+from tests.wandb_offline import offline_runs
 
 pytestmark = pytest.mark.slow
 
@@ -111,6 +112,8 @@ def test_usr2_checkpoints_mid_epoch_and_the_same_command_continues(
     the same command in the same run directory continues with no flag, ending where an
     uninterrupted run ends (same epochs, same weights)."""
     common = [f"dataset.root={small_root}", f"loader={loader}", *RECIPE, "epochs=3"]
+    if loader == "torchvision":  # and the W&B run continues under its id
+        common = [arg.replace("logger=none", "logger=wandb") for arg in common]
     whole, preempted = tmp_path / "whole", tmp_path / "preempted"
     whole.mkdir()
     run_entry("train.py", *common, cwd=whole)
@@ -134,3 +137,10 @@ def test_usr2_checkpoints_mid_epoch_and_the_same_command_continues(
     assert resumed["epoch"] == 3 and resumed["batches"] == 0
     for name, tensor in expected["model"].items():
         torch.testing.assert_close(resumed["model"][name], tensor, rtol=1e-5, atol=1e-6)
+    if loader == "torchvision":
+        first, second = offline_runs(run_dir)
+        assert first.run_id == second.run_id
+        steps = [
+            row["trainer/global_step"] for row in second.history if "trainer/global_step" in row
+        ]
+        assert steps and steps[0] > stopped["batches"]  # the step axis goes on
