@@ -545,6 +545,16 @@ def test_uint8_crop_agrees_with_roi_align_and_flips() -> None:
     assert torch.equal(fast[1], unflipped[1].flip(-1)) and torch.equal(fast[0], unflipped[0])
 
 
+def assert_same_batches(first: MemmapLoader, second: MemmapLoader) -> None:
+    """Both loaders' epochs are the same batches, to the pixel; both closed after."""
+    try:
+        for a, b in zip(first, second, strict=True):
+            assert torch.equal(a.labels, b.labels) and torch.equal(a.images, b.images)
+    finally:
+        first.close()
+        second.close()
+
+
 def test_the_deferred_crop_path_gets_the_same_boxes_and_flips(
     tiny_root: Path, tmp_path: Path
 ) -> None:
@@ -554,12 +564,7 @@ def test_the_deferred_crop_path_gets_the_same_boxes_and_flips(
     in_threads = make_loader(index.train, tmp_path, train=True)
     deferred = make_loader(index.train, tmp_path, train=True)
     deferred._crop_on_device = True
-    try:
-        for a, b in zip(in_threads, deferred, strict=True):
-            assert torch.equal(a.labels, b.labels) and torch.equal(a.images, b.images)
-    finally:
-        in_threads.close()
-        deferred.close()
+    assert_same_batches(in_threads, deferred)
 
 
 @pytest.mark.parametrize("train", [False, True])
@@ -575,12 +580,7 @@ def test_the_jpeg_store_decoded_as_one_batch_gives_the_threads_batches(
     in_threads = make_loader(split, tmp_path, train=train, **stores)
     batched = make_loader(split, tmp_path, train=train, **stores)
     batched._decode_on_device = True
-    try:
-        for a, b in zip(in_threads, batched, strict=True):
-            assert torch.equal(a.labels, b.labels) and torch.equal(a.images, b.images)
-    finally:
-        in_threads.close()
-        batched.close()
+    assert_same_batches(in_threads, batched)
 
 
 def test_data_parallel_ranks_share_val_exactly_once(tiny_root: Path, tmp_path: Path) -> None:

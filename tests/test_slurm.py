@@ -28,18 +28,28 @@ def job_metrics(sweep: Path) -> list[dict]:
     return [json.loads(p.read_text()) for p in sorted(sweep.glob("*/metrics.json"))]
 
 
-def test_a_slurm_multirun_runs_every_job_and_summarises(
-    local_slurm: dict, tiny_root: Path, tmp_path: Path
-) -> None:
+def slurm_eval_sweep(*overrides: str, root: Path, cwd: Path, env: dict) -> None:
+    """eval.py model=none as a multirun of SLURM jobs on the local cluster."""
     run_entry(
         "eval.py",
         "--multirun",
         "hydra/launcher=slurm",
         "model=none",
+        "logger=none",
+        f"dataset.root={root}",
+        *overrides,
+        cwd=cwd,
+        env=env,
+    )
+
+
+def test_a_slurm_multirun_runs_every_job_and_summarises(
+    local_slurm: dict, tiny_root: Path, tmp_path: Path
+) -> None:
+    slurm_eval_sweep(
         "loader=torchvision,spdl",
         "loader.batch_size=4",
-        "logger=none",
-        f"dataset.root={tiny_root}",
+        root=tiny_root,
         cwd=tmp_path,
         env=local_slurm,
     )
@@ -54,17 +64,7 @@ def test_a_slurm_multirun_runs_every_job_and_summarises(
 def test_a_failing_job_is_a_failed_row_and_the_sweep_goes_on(
     local_slurm: dict, tiny_root: Path, tmp_path: Path
 ) -> None:
-    run_entry(
-        "eval.py",
-        "--multirun",
-        "hydra/launcher=slurm",
-        "model=none",
-        "loader.batch_size=4,0",
-        "logger=none",
-        f"dataset.root={tiny_root}",
-        cwd=tmp_path,
-        env=local_slurm,
-    )
+    slurm_eval_sweep("loader.batch_size=4,0", root=tiny_root, cwd=tmp_path, env=local_slurm)
     _, rows = sweep_rows(tmp_path, "eval")
     by_size = {r["loader.batch_size"]: r for r in rows}
     assert by_size["4"]["status"] == "ok"

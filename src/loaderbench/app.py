@@ -15,9 +15,9 @@ from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
 from loaderbench.checkpoint import load_checkpoint
-from loaderbench.engine import consume, evaluate
+from loaderbench.engine import consume
+from loaderbench.fitting import evaluation_pass
 from loaderbench.fitting import fit as fit_epochs
-from loaderbench.fitting import reduce_counts
 from loaderbench.loaders import Loader
 from loaderbench.meters import CpuWindow
 from loaderbench.models import NO_MODEL, build_model, maybe_compile
@@ -69,18 +69,10 @@ def evaluate_model(session: Session, model: nn.Module, loader: Loader) -> dict[s
     """Accuracy and end-to-end throughput of one pass over the val set."""
     meter, window = session.meter(), CpuWindow(session.monitor)
     with window:
-        counts = evaluate(
-            model,
-            loader,
-            session.precision,
-            session.device,
-            meter,
-            max_batches=session.cfg.bench.max_batches,
-            log_every=session.cfg.logger.log_every_n_steps,
-            on_log=session.eval_curve(meter),
+        counts = evaluation_pass(
+            session, model, loader, meter, max_batches=session.cfg.bench.max_batches
         )
-    session.end_eval(meter)
-    return {**session.loop_metrics(meter, window), **reduce_counts(counts).metrics()}
+    return {**session.loop_metrics(meter, window), **counts.metrics()}
 
 
 def train(cfg: DictConfig) -> dict[str, Any]:

@@ -21,6 +21,7 @@ Where torch does not expose the storage count, every batch is fresh (and nothing
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -118,9 +119,14 @@ class BatchBuffers:
         return self.images.to_device(images, device), self.labels.to_device(labels, device)
 
     def stats(self) -> dict[str, Any]:
-        """For metrics.json: the pool's total and the batches that found it full."""
-        nbytes = self.images.nbytes + self.labels.nbytes
-        return {
-            "pinned_mb" if self.pin else "buffers_mb": nbytes / 2**20,
-            "buffer_pool_overflows": self.images.overflows + self.labels.overflows,
-        }
+        return pool_stats([self.images, self.labels], pinned=self.pin)
+
+
+def pool_stats(pools: Iterable[BufferPool], pinned: bool) -> dict[str, Any]:
+    """For metrics.json: the pools' total (``pinned_mb`` on CUDA runs) and the batches that
+    found them full."""
+    pools = list(pools)
+    return {
+        "pinned_mb" if pinned else "buffers_mb": sum(pool.nbytes for pool in pools) / 2**20,
+        "buffer_pool_overflows": sum(pool.overflows for pool in pools),
+    }

@@ -76,40 +76,28 @@ def start_training(session: Session, model: nn.Module, steps_per_epoch: int) -> 
     return Training(model, step, eval_model, optimizer, scheduler)
 
 
-@dataclass(frozen=True)
-class ResumePoint:
-    """Where a resumed run continues: after ``epoch`` whole epochs and ``batches`` more."""
-
-    path: Path
-    epoch: int
-    batches: int = 0
-
-
-def resume_point(session: Session) -> ResumePoint | None:
-    """What to continue from: checkpoint=PATH with train.resume=true, or, with no flag at all,
-    the run directory's own checkpoint when it holds a run of the same config (a SLURM job
+def resume_from(session: Session) -> Path | None:
+    """The checkpoint to continue from: checkpoint=PATH with train.resume=true, or, with no flag
+    at all, the run directory's own when it holds a run of the same config (a SLURM job
     requeued after its time limit or a preemption runs again in the same run directory)."""
     cfg = session.cfg
     if cfg.train.resume:
         if cfg.checkpoint is None:
             raise ValueError("train.resume=true needs checkpoint=PATH (a train.py checkpoint.pt)")
-        return ResumePoint(Path(cfg.checkpoint), -1)
-    found = session.resumable
-    if found is None:
-        return None
-    return ResumePoint(found.path, found.epoch, found.batches)
+        return Path(cfg.checkpoint)
+    return session.resumable.path if session.resumable else None
 
 
-def resume(session: Session, training: Training, point: ResumePoint) -> tuple[int, int]:
+def resume(session: Session, training: Training, path: Path) -> tuple[int, int]:
     """Load a checkpoint into the training state; returns (epoch, batch) to continue from."""
     cfg = session.cfg
-    state = load_checkpoint(point.path, map_location=session.device)
+    state = load_checkpoint(path, map_location=session.device)
     if list(state["classes"]) != list(session.dataset.classes):
-        raise ValueError(f"checkpoint {point.path} was trained on other classes")
+        raise ValueError(f"checkpoint {path} was trained on other classes")
     for key in ("image_size", "seed"):
         if state["config"][key] != cfg[key]:
             raise ValueError(
-                f"{key}={cfg[key]} but checkpoint {point.path} was trained with "
+                f"{key}={cfg[key]} but checkpoint {path} was trained with "
                 f"{state['config'][key]}; a resumed run must keep it"
             )
     training.model.load_state_dict(state["model"])
@@ -119,7 +107,7 @@ def resume(session: Session, training: Training, point: ResumePoint) -> tuple[in
     epoch, batches = int(state["epoch"]), int(state.get("batches", 0))
     log.info(
         "resuming from %s after %d epochs%s, to %d",
-        point.path,
+        path,
         epoch,
         f" and {batches} batches" if batches else "",
         cfg.epochs,
@@ -166,21 +154,34 @@ def reduce_counts(counts: EvalCounts) -> EvalCounts:
     return EvalCounts(int(images), int(top1), int(top5), loss_sum)
 
 
-def validate(session: Session, model: nn.Module, loader: Loader, desc: str) -> dict[str, float]:
-    """Accuracy and loss over the whole val set (all ranks)."""
-    meter = session.meter()
+def evaluation_pass(
+    session: Session,
+    model: nn.Module,
+    loader: Loader,
+    meter: LoopMeter,
+    *,
+    desc: str = "val",
+    max_batches: int | None = None,
+) -> EvalCounts:
+    """One pass over the val set with the run's eval curve; the counts of every rank."""
     counts = evaluate(
         model,
         loader,
         session.precision,
         session.device,
         meter,
+        max_batches=max_batches,
         desc=desc,
         log_every=session.cfg.logger.log_every_n_steps,
         on_log=session.eval_curve(meter),
     )
     session.end_eval(meter)
-    return reduce_counts(counts).metrics()
+    return reduce_counts(counts)
+
+
+def validate(session: Session, model: nn.Module, loader: Loader, desc: str) -> dict[str, float]:
+    """Accuracy and loss over the whole val set (all ranks)."""
+    return evaluation_pass(session, model, loader, session.meter(), desc=desc).metrics()
 
 
 def train_curve(
@@ -264,10 +265,10 @@ def fit(
     if cfg.bench.max_batches is not None:
         steps = min(steps, cfg.bench.max_batches)
     training = start_training(session, model, steps)
-    point = resume_point(session)
-    start, skip = resume(session, training, point) if point else (0, 0)
-    if point:
-        yield {"resumed_from": str(point.path.absolute())}
+    path = resume_from(session)
+    start, skip = resume(session, training, path) if path else (0, 0)
+    if path:
+        yield {"resumed_from": str(path.absolute())}
     meter, window = session.meter(), CpuWindow(session.monitor)
     stop = PreemptionCheck(session.dist.world_size, cfg.logger.log_every_n_steps)
     epochs = epochs_to_run(cfg, start)

@@ -223,9 +223,7 @@ class Resumable:
     """A checkpoint in the run directory that this run continues (no flag needed)."""
 
     path: Path
-    epoch: int
-    batches: int
-    requeues: int
+    requeues: int  # preemptions so far
     wandb_run_id: str | None
 
 
@@ -261,7 +259,7 @@ def find_resumable(cfg: DictConfig, run_dir: Path, task: str) -> Resumable | Non
     if epoch >= cfg.epochs and not batches:
         return None  # a finished run
     log.info("%s holds this run, stopped after %d epochs and %d batches", path, epoch, batches)
-    return Resumable(path, epoch, batches, int(state.get("requeues", 0)), state.get("wandb_run_id"))
+    return Resumable(path, int(state.get("requeues", 0)), state.get("wandb_run_id"))
 
 
 def base_metrics(cfg: DictConfig, task: str) -> dict[str, Any]:

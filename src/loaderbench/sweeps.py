@@ -260,9 +260,8 @@ def log_summary_run(
 
     table = wandb.Table(columns=columns, data=[[_cell(r.get(c)) for c in columns] for r in rows])
     plot = wandb.Image(str(sweep_dir / "summary.png"))
-    logger.log(
-        {"summary_table": table, "summary_plot": plot, **native_charts(keys_of(columns), rows)}
-    )
+    charts = native_charts(swept_keys(sweep_dir), rows)
+    logger.log({"summary_table": table, "summary_plot": plot, **charts})
     logger.finish()
 
 
@@ -271,11 +270,6 @@ CHARTED = {
     "cpu_s_per_1k_images": "CPU s per 1000 images",
     "data_wait_frac": "data wait (share of the loop)",
 }
-
-
-def keys_of(columns: list[str]) -> list[str]:
-    """The swept keys among a summary's columns (they come between ``job`` and the metrics)."""
-    return [c for c in columns[1:] if c not in SUMMARY_METRICS]
 
 
 def native_charts(keys: list[str], rows: list[dict]) -> dict[str, object]:

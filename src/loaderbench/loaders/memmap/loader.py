@@ -42,7 +42,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from loaderbench.buffers import BufferPool
+from loaderbench.buffers import BufferPool, pool_stats
 from loaderbench.data import resolve_path
 from loaderbench.jpeg import Decoded, batch_decoder, decode_cpu, hand_over
 from loaderbench.jpeg import backend as jpeg_backend
@@ -289,11 +289,7 @@ class MemmapLoader(Loader):
 
     def _buffer_stats(self) -> dict[str, Any]:
         pools = (self._gather_pool, self._crop_pool, self._label_pool)
-        nbytes = sum(pool.nbytes for pool in pools)
-        return {
-            "pinned_mb" if self.spec.use_pinned_memory else "buffers_mb": nbytes / 2**20,
-            "buffer_pool_overflows": sum(pool.overflows for pool in pools),
-        }
+        return pool_stats(pools, pinned=self.spec.use_pinned_memory)
 
     def stored_bytes(self) -> int:
         """The images' bytes on disk: rows of pixels, or the JPEG bytes."""
