@@ -52,13 +52,17 @@ clean:
 
 # The benchmark report (bench/report.md, bench/report.png); BENCH_ARGS=--quick for a small run.
 # Its runs write under bench/work/ (sweeps, the memmap cache), never cache/ or outputs/.
-# NVIDIA DALI, a peer in the report, is installed here on demand (a 200 MB wheel: not part of
-# make install); the report goes on without its rows where it cannot be installed.
+# NVIDIA DALI and FFCV, peers in the report, are installed here on demand (DALI: a 200 MB wheel;
+# FFCV: built against libturbojpeg and OpenCV, from apt when root), not by make install; the
+# report goes on without a peer's rows where it cannot be installed.
 BENCH_ARGS ?=
 DALI ?= nvidia-dali-cuda130==2.4.0
+FFCV ?= ffcv==1.0.2
 bench: install
 	$(PY) -c "import nvidia.dali" 2>/dev/null || $(PY) -m pip install --quiet "$(DALI)" \
 		|| echo "make bench: could not install $(DALI); the report will have no DALI rows"
+	./scripts/ensure_ffcv.sh $(PY) "$(FFCV)" \
+		|| echo "make bench: could not install $(FFCV); the report will have no FFCV rows"
 	$(PY) -m loaderbench.bench $(BENCH_ARGS)
 
 # Start-up and memory on a generated 1000-class tree of 260,000 small JPEGs (generated once into
@@ -66,7 +70,8 @@ bench: install
 bench-scale: install
 	$(PY) -W ignore::UserWarning -m loaderbench.bench.scale $(BENCH_ARGS)
 
-# The wheels a GPU machine without network lacks (cp312 manylinux, < 40 MiB) in .gpu-kit/, for
+# The wheels a GPU machine without network lacks (cp312 manylinux, nvImageCodec and its nvJPEG
+# among them; < 56 MiB, and < 64 MiB with the working tree, what can travel) in .gpu-kit/, for
 # scripts/gpu_check.sh there; fetched with pip from PyPI, quick when they are all there already.
 gpu-kit:
 	./scripts/gpu_kit.sh

@@ -5,23 +5,31 @@
 # .gpu-kit/ carried along), in under 8 minutes, each phase with its own time limit:
 #   kit    the kit's wheels installed into a temporary site folder (nothing else is touched)
 #   env    the machine: nvidia-smi, torch / CUDA / cuDNN, the kit's versions, whether
-#          torchcodec and spdl.io load
+#          torchcodec, spdl.io and nvImageCodec load (and which libnvjpeg nvImageCodec found),
+#          the JPEG decoder the loaders choose on each device
 #   data   a synthetic ImageNet-like set (100 classes, 4000 train + 1000 val JPEGs of
 #          ImageNet's sizes)
+#   decode batched JPEG decode of 2048 of its train images through loaderbench.decode:
+#          nvImageCodec (whole images, and only each train crop's box) against TorchCodec's
+#          and torchvision.io's batched nvJPEG decode (whole images, then cut), and their pixels
 #   tests  pytest -m cuda
 #   bench  every loader (memmap raw / jpeg store, spdl turbo / nvjpeg, torchvision) at 4 and 12
 #          workers, 224 px: train.py model=resnet50 (bf16, channels_last), train.py model=none
 #          and eval.py model=none; one Hydra multirun a loader setting, logger=none
 # and writes to OUTDIR: report.md (a row a job: images/s, data_wait_frac, cpu_s_per_1k_images,
-# ttfb_s, peak_rss_mb; the machine; the tests), check.log (everything printed), pytest.log,
-# env.json and runs.tar.gz (every job's metrics.json, log and .hydra/; no checkpoints).
+# ttfb_s, peak_rss_mb; the decode figures; the machine; the tests), check.log (everything
+# printed), pytest.log, env.json, decode.json and runs.tar.gz (every job's metrics.json, log
+# and .hydra/; no checkpoints).
 # A failing job or phase does not stop the others; the exit code is 0 only when all passed.
 #
-# Without CUDA it refuses (exit 3) unless given --dry-run, which does what a CPU can, with
-# .venv's python: checks the kit (and installs it where a Python 3.12 exists: PY312=path), a
-# small data set, pytest -m cuda (they skip), and the same sweeps on the CPU with a tiny model
-# at 64 px (no nvjpeg), with wandb and submitit made unimportable as on the GPU machine; then
-# the same report. Environment: PYTHON (the interpreter), GPU_CHECK_BUDGET_S (the whole
+# Without CUDA it refuses (exit 3) unless given --dry-run, which does what a CPU can: checks the
+# kit, a small data set, the decode phase on CPU threads, pytest -m cuda (they skip), and the
+# same sweeps on the CPU with a tiny model at 64 px (no nvjpeg), with wandb and submitit made
+# unimportable as on the GPU machine; then the same report. It runs with .venv's python and
+# installs the kit into a fresh folder for `python3.12` where one is on the PATH; with
+# PY312=PATH (a Python 3.12 holding the GPU machine's stack: torch 2.11, torchvision 0.26, ...)
+# it runs every phase with that python and the kit installed as on the GPU machine.
+# Environment: PYTHON (the interpreter, over all else), PY312, GPU_CHECK_BUDGET_S (the whole
 # check's time limit), GPU_CHECK_DRY_NVJPEG=1 (the dry run tries nvjpeg too: failed rows).
 set -euo pipefail
 REPO=$(cd "$(dirname "$0")/.." && pwd)
@@ -48,12 +56,19 @@ for arg in "$@"; do
 done
 [[ -n $OUT ]] || usage
 
-# The interpreter: the machine's python3 (or PYTHON); the dry run prefers this checkout's .venv.
-if [[ $DRY == 1 && -z ${PYTHON:-} && -x $REPO/.venv/bin/python ]]; then
+# The interpreter: PYTHON where given; else on a dry run PY312 (the GPU machine's stack, the kit
+# installed as there: STACK=gpu) or this checkout's .venv; else the machine's python3.
+STACK=gpu
+if [[ -n ${PYTHON:-} ]]; then
+    PY=$PYTHON
+elif [[ $DRY == 1 && -n ${PY312:-} ]]; then
+    PY=$PY312
+elif [[ $DRY == 1 && -x $REPO/.venv/bin/python ]]; then
     PY=$REPO/.venv/bin/python
 else
-    PY=${PYTHON:-python3}
+    PY=python3
 fi
+[[ $DRY == 1 && $PY != "${PY312:-}" ]] && STACK=home
 
 cuda_rc=0
 cuda_msg=$("$PY" -c '
@@ -74,7 +89,8 @@ fi
 
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
-rm -f "$OUT"/report.md "$OUT"/check.log "$OUT"/pytest.log "$OUT"/env.json "$OUT"/runs.tar.gz
+rm -f "$OUT"/report.md "$OUT"/check.log "$OUT"/pytest.log "$OUT"/env.json "$OUT"/decode.json \
+    "$OUT"/runs.tar.gz
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/gpu_check.XXXXXX")
 PLAN=$WORK/plan.tsv
 PHASES=$WORK/phases.tsv
@@ -84,9 +100,10 @@ now() { date +%s.%N; }
 T0=$(now)
 since() { awk -v a="$(now)" -v b="$1" 'BEGIN { printf "%.1f", a - b }'; }
 # The whole check's limit (8 minutes on the GPU machine, less a margin); the report and the
-# archive at the end have RESERVE_S of it kept for them, and run whatever is left.
+# archive at the end have RESERVE_S of it kept for them, and run whatever is left. The dry run
+# takes 3-4.5 minutes on 2 shared cores.
 BUDGET_S=${GPU_CHECK_BUDGET_S:-440}
-[[ $DRY == 1 ]] && BUDGET_S=${GPU_CHECK_BUDGET_S:-290}
+[[ $DRY == 1 ]] && BUDGET_S=${GPU_CHECK_BUDGET_S:-400}
 RESERVE_S=25
 FINAL=0
 FAILED=0
@@ -189,7 +206,8 @@ sweep() {
 
 main() {
     echo "gpu_check: $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(hostname), $(nproc) CPUs," \
-        "mode: $([[ $DRY == 1 ]] && echo dry run || echo GPU), python: $PY"
+        "mode: $([[ $DRY == 1 ]] && echo dry run || echo GPU), python: $PY," \
+        "kit: $([[ $STACK == gpu ]] && echo installed || echo checked)"
     echo "gpu_check: CUDA: $(tail -n 1 <<<"$cuda_msg")"
     echo "gpu_check: work folder $WORK, results in $OUT"
     if command -v nvidia-smi >/dev/null; then
@@ -198,13 +216,16 @@ main() {
         echo "gpu_check: no nvidia-smi"
     fi
 
-    if [[ $DRY == 1 ]]; then
+    if [[ $STACK == home ]]; then
         phase kit 60 bash -c check_kit || true
-        absent_modules
-        export PYTHONPATH=$WORK/absent:$REPO/src
+        export PYTHONPATH=$REPO/src
     else
         phase kit 90 bash -c install_kit || true
         export PYTHONPATH=$WORK/site:$REPO/src
+    fi
+    if [[ $DRY == 1 ]]; then
+        absent_modules
+        export PYTHONPATH=$WORK/absent:$PYTHONPATH
     fi
     export PYTHONUNBUFFERED=1 WANDB_MODE=disabled
     phase env 60 "$PY" -m loaderbench.bench.gpu env "$OUT/env.json" || true
@@ -219,6 +240,12 @@ main() {
         --classes $classes --train $train --val $val || true
     local root
     root=$(tail -n 1 "$WORK/data.log" 2>/dev/null || true)
+
+    # Batched decode, each case for a few seconds; the dry run's on CPU threads.
+    local decode_args=(--device cuda --batch 256 --images 2048 --seconds 2)
+    [[ $DRY == 1 ]] && decode_args=(--device cpu --batch 32 --images 96 --seconds 0.5)
+    phase decode 60 "$PY" -m loaderbench.bench.gpu decode "$root" --out "$OUT/decode.json" \
+        "${decode_args[@]}" || true
 
     PHASE_LOG=$OUT/pytest.log phase tests 150 "$PY" -m pytest -m cuda -p no:cacheprovider \
         --basetemp "$WORK/pytest" || true
@@ -273,6 +300,7 @@ main() {
     local mode notes=()
     mode="GPU check: $(tail -n 1 <<<"$cuda_msg")"
     [[ $DRY == 1 ]] && mode="GPU check, DRY RUN on the CPU (not GPU figures)"
+    [[ $DRY == 1 && $STACK == gpu ]] && mode+=", in the GPU machine's stack with the kit installed"
     note() { notes+=("$*"); } # one note of all its arguments
     note "$(date -u +%Y-%m-%d\ %H:%M) UTC on $(hostname), $(nproc) CPUs; python $PY"
     note "CUDA: $(tail -n 1 <<<"$cuda_msg")"
@@ -285,7 +313,8 @@ main() {
         "every job's files: runs.tar.gz"
     phase report 30 "$PY" -m loaderbench.bench.gpu report --out "$OUT/report.md" \
         --runs "$WORK/runs" --plan "$PLAN" --phases "$PHASES" --env "$OUT/env.json" \
-        --pytest-log "$OUT/pytest.log" --title "$mode" "${notes[@]/#/--note=}" || true
+        --pytest-log "$OUT/pytest.log" --decode "$OUT/decode.json" --title "$mode" \
+        "${notes[@]/#/--note=}" || true
 
     mkdir -p "$WORK/runs"
     cp "$PLAN" "$PHASES" "$WORK/runs/" 2>/dev/null || true

@@ -1,40 +1,28 @@
 #!/usr/bin/env bash
 # `make gpu-kit`: the wheels a GPU machine without network lacks, in the git-ignored .gpu-kit/.
 #
-# The machine (scripts/gpu_check.sh runs there) has Python 3.12 with torch, torchvision, timm,
-# numpy, pillow, psutil, matplotlib, tqdm, pytest, pyyaml, cloudpickle, packaging and filelock;
-# this fetches the rest of what the code and the tests import, as cp312 manylinux x86_64 (or
-# pure-Python) wheels, one version each, and fails if they pass KIT_MAX_MB (40 MiB: at most
-# 64 MiB travel to the machine, working tree included). wandb and submitit stay home
-# (logger=none there; submitit only serves the SLURM launchers).
+# The machine (scripts/gpu_check.sh runs there) has Python 3.12 with torch 2.11 (cu130),
+# torchvision 0.26, timm, numpy, pillow, psutil, matplotlib, tqdm, pytest, pyyaml, cloudpickle,
+# packaging and filelock; this fetches the rest of what the code and the tests import, as cp312
+# manylinux x86_64 (or pure-Python) wheels, one version each. At most 64 MiB travel to the
+# machine, the kit and the working tree together: the kit fails above KIT_MAX_MB (56 MiB),
+# and --check also fails when kit + working tree pass TRAVEL_MAX_MB (64 MiB). wandb and
+# submitit stay home (logger=none there; submitit only serves the SLURM launchers).
 #
 #   scripts/gpu_kit.sh           download what is missing (quick when all is there)
 #   scripts/gpu_kit.sh --check   download nothing: every wheel present, tags cp312/py3, size
+#   scripts/gpu_kit.sh --list    the kit's NAME==VERSION, one a line
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 KIT=${KIT_DIR:-.gpu-kit}
-KIT_MAX_MB=${KIT_MAX_MB:-40}
+KIT_MAX_MB=${KIT_MAX_MB:-56}
+TRAVEL_MAX_MB=${TRAVEL_MAX_MB:-64}
 PYTHON=${PYTHON:-python3}
 PY_VERSION=3.12
 PY_TAG=cp312
 PLATFORMS=(manylinux_2_28_x86_64 manylinux_2_27_x86_64 manylinux_2_24_x86_64
     manylinux_2_17_x86_64 manylinux2014_x86_64 manylinux_2_5_x86_64 manylinux1_x86_64)
-
-# Versions not pinned in requirements.txt (dependencies of what is): the ones .venv holds.
-# antlr4-python3-runtime: omegaconf and hydra-core pin 4.9.*; pyvers: tensordict's only
-# dependency the machine lacks; spdl 0.8 is a meta package over spdl_core (pure Python) and
-# spdl_io (compiled); pytest-timeout: the tests use @pytest.mark.timeout under --strict-markers.
-# torchcodec's native library is built for one torch release (0.17 for this checkout's torch;
-# loaderbench.jpeg falls back to torchvision.io where it does not load): GPU_KIT_TORCHCODEC=V
-# takes another release, e.g. the one built for the GPU machine's torch.
-declare -A EXTRA_PINS=(
-    [antlr4-python3-runtime]=4.9.3
-    [pyvers]=0.2.3
-    [torchcodec]=${GPU_KIT_TORCHCODEC:-0.17.0}
-)
-# From requirements.txt, in this order; spdl_core and spdl_io take spdl's version.
-PINNED=(hydra-core omegaconf tensordict spdl pytest-timeout)
 
 die() {
     echo "gpu-kit: $*" >&2
@@ -61,6 +49,28 @@ pin() {
 norm() {
     echo "$1" | tr '[:upper:]' '[:lower:]' | sed -E 's/[-_.]+/_/g'
 }
+
+# Versions not pinned in requirements.txt (dependencies of what is): the ones .venv holds.
+# antlr4-python3-runtime: omegaconf and hydra-core pin 4.9.*; pyvers: tensordict's only
+# dependency the machine lacks; spdl 0.8 is a meta package over spdl_core (pure Python) and
+# spdl_io (compiled); pytest-timeout: the tests use @pytest.mark.timeout under --strict-markers.
+# torchcodec 0.17 (built for torch 2.14) loads on torch 2.11 too and decodes JPEGs there, its
+# batched nvJPEG decode included (0.15 and older have no image decoders); GPU_KIT_TORCHCODEC=V
+# takes another release.
+# nvidia-nvjpeg: nvImageCodec's nvJPEG extension dlopens libnvjpeg.so.13, found through its
+# RUNPATH ($ORIGIN/../../cu13/lib: nvidia-nvjpeg's folder in the same site). torch 2.11's CUDA
+# wheels bring no nvJPEG (cuda-toolkit 13.0.2 without its nvjpeg extra), and the copies in
+# torchvision.libs and torchcodec.libs are renamed, so the kit carries the release cuda-toolkit
+# 13.0.2 pins for its nvjpeg extra (the one torchvision and torchcodec bundle), which the
+# machine's CUDA 13.0 driver runs; it exports every nvjpeg* symbol the extension asks for.
+declare -A EXTRA_PINS=(
+    [antlr4-python3-runtime]=4.9.3
+    [pyvers]=0.2.3
+    [torchcodec]=${GPU_KIT_TORCHCODEC:-0.17.0}
+    [nvidia-nvjpeg]=13.0.1.86
+)
+# From requirements.txt, in this order; spdl_core and spdl_io take spdl's version.
+PINNED=(hydra-core omegaconf tensordict spdl pytest-timeout nvidia-nvimgcodec-cu13)
 
 # NAME==VERSION of every wheel the kit holds.
 specs() {
@@ -123,6 +133,21 @@ download() {
         --python-version "$PY_VERSION" --implementation cp "${args[@]}" -d "$KIT" "$spec"
 }
 
+# Bytes of the working tree that travels (tracked and untracked-not-ignored files); fails
+# outside a git checkout.
+travelling_tree_bytes() {
+    git rev-parse --is-inside-work-tree >/dev/null 2>&1 || return 1
+    local file files=()
+    while IFS= read -r -d '' file; do
+        [[ -f $file ]] && files+=("$file") # a deleted file stays home
+    done < <(git ls-files -z --cached --others --exclude-standard)
+    ((${#files[@]})) || {
+        echo 0
+        return 0
+    }
+    stat -c %s -- "${files[@]}" | awk '{ total += $1 } END { print total + 0 }'
+}
+
 # antlr4-python3-runtime 4.9.3 is published as an sdist only: build its (pure-Python) wheel.
 build_wheel() {
     local spec=$1 tmp
@@ -138,8 +163,12 @@ build_wheel() {
 check_only=0
 case "${1:-}" in
     --check) check_only=1 ;;
+    --list)
+        specs
+        exit 0
+        ;;
     "") ;;
-    *) die "usage: $0 [--check]" ;;
+    *) die "usage: $0 [--check | --list]" ;;
 esac
 
 [[ $check_only == 1 ]] || mkdir -p "$KIT"
@@ -212,6 +241,16 @@ printf 'gpu-kit: %d wheels, %s MiB in %s (limit %s MiB)\n' \
 if ((bytes > KIT_MAX_MB * 1048576)); then
     echo "gpu-kit: over the ${KIT_MAX_MB} MiB limit" >&2
     problems=1
+fi
+# What travels besides the kit: tracked files and untracked ones git does not ignore.
+if tree_bytes=$(travelling_tree_bytes); then
+    printf 'gpu-kit: the kit and the working tree travel together: %s + %s = %s MiB' \
+        "$(mib "$bytes")" "$(mib "$tree_bytes")" "$(mib $((bytes + tree_bytes)))"
+    printf ' (limit %s MiB)\n' "$TRAVEL_MAX_MB"
+    if ((bytes + tree_bytes > TRAVEL_MAX_MB * 1048576)); then
+        echo "gpu-kit: over the ${TRAVEL_MAX_MB} MiB that travel to the GPU machine" >&2
+        problems=1
+    fi
 fi
 if ((problems)) && [[ $check_only == 1 ]]; then
     echo "gpu-kit: the kit is incomplete: run \`make gpu-kit\` (pip, from PyPI) first" >&2

@@ -3,6 +3,7 @@ image) alone, with a generator of its own, and never touches the global RNG."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import numpy as np
@@ -11,7 +12,13 @@ import torch
 from PIL import Image
 
 from loaderbench.loaders import build_loader
-from loaderbench.transforms import RRC_RATIO, RRC_SCALE, seeded_crops
+from loaderbench.transforms import (
+    RRC_RATIO,
+    RRC_SCALE,
+    augmentation_draws,
+    random_crops,
+    seeded_crops,
+)
 from tests.conftest import cpu_spec, folder_index
 
 SIZE = 16
@@ -113,6 +120,85 @@ def test_crop_distribution_is_torchvisions_random_resized_crop() -> None:
     assert aspect.min() >= RRC_RATIO[0] * 0.95 and aspect.max() <= RRC_RATIO[1] * 1.05
     assert 0.45 < flips.double().mean() < 0.55
     assert len({tuple(b) for b in boxes.tolist()}) > 0.95 * n
+
+
+def test_the_draws_and_boxes_of_a_run_never_change() -> None:
+    """Values recorded from the first implementation: a run resumed, or compared, under a
+    later version of the code gets the very same crops."""
+    draws = augmentation_draws(3, 7, [0, 12345, 10**9])
+    recorded = [
+        ["0x1.41a376cea30fcp-1", "0x1.f6c8d13f3b976p-2", "0x1.5ba5e516394e6p-2"],
+        ["0x1.db26e86fb774cp-3", "0x1.b447ed8c01d8ep-1", "0x1.a7a0293280d78p-3"],
+        ["0x1.8d4a48926b412p-1", "0x1.896db52cad4a6p-1", "0x1.2f413e72c785ap-1"],
+    ]
+    assert [[v.hex() for v in row[[0, 10, 20]].tolist()] for row in draws] == recorded
+    boxes, flips = seeded_crops([300, 37, 500], [400, 500, 12], 3, 7, [0, 12345, 10**9])
+    # The second and third images are too narrow for any try: the central fallback.
+    assert boxes.tolist() == [[6, 110, 282, 280], [0, 225, 37, 49], [242, 0, 16, 12]]
+    assert flips.tolist() == [True, False, True]
+
+
+def torch_random_crops(
+    heights: torch.Tensor,
+    widths: torch.Tensor,
+    draws: torch.Tensor,
+    scale: tuple[float, float],
+    ratio: tuple[float, float],
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The first implementation of ``random_crops``, in torch, one side at a time: the oracle
+    for the faster one."""
+    heights, widths = heights.double(), widths.double()
+    area = (heights * widths)[:, None]
+    target_area = area * (scale[0] + (scale[1] - scale[0]) * draws[:, :10])
+    low, high = math.log(ratio[0]), math.log(ratio[1])
+    aspect = torch.exp(low + (high - low) * draws[:, 10:20])
+    w = torch.round(torch.sqrt(target_area * aspect))
+    h = torch.round(torch.sqrt(target_area / aspect))
+    ok = (w > 0) & (h > 0) & (w <= widths[:, None]) & (h <= heights[:, None])
+    first = torch.where(ok.any(dim=1), ok.to(torch.int8).argmax(dim=1), -1)
+    in_ratio = widths / heights
+    fb_w = torch.where(
+        in_ratio < ratio[0],
+        widths,
+        torch.where(in_ratio > ratio[1], torch.round(heights * ratio[1]), widths),
+    )
+    fb_h = torch.where(in_ratio < ratio[0], torch.round(widths / ratio[0]), heights)
+    rows, found = torch.arange(len(heights)), first >= 0
+    box_w = torch.where(found, w[rows, first.clamp(min=0)], fb_w)
+    box_h = torch.where(found, h[rows, first.clamp(min=0)], fb_h)
+    top = torch.where(
+        found,
+        torch.floor(draws[:, -3] * (heights - box_h + 1)),
+        torch.floor((heights - box_h) / 2),
+    )
+    left = torch.where(
+        found,
+        torch.floor(draws[:, -2] * (widths - box_w + 1)),
+        torch.floor((widths - box_w) / 2),
+    )
+    return torch.stack([top, left, box_h, box_w], 1).long(), draws[:, -1] < 0.5
+
+
+@pytest.mark.parametrize(
+    ("scale", "ratio"),
+    [(RRC_SCALE, RRC_RATIO), ((0.35, 1.0), (0.5, 2.0)), ((0.9, 1.0), (1.0, 1.0))],
+)
+def test_the_batched_boxes_are_the_torch_oracles_to_the_bit(
+    scale: tuple[float, float], ratio: tuple[float, float]
+) -> None:
+    generator = torch.Generator().manual_seed(1)
+    for n in (1, 3, 32, 500):  # torch's exp takes another path for a short tail
+        heights = torch.randint(1, 1200, (n,), generator=generator, dtype=torch.int32)
+        widths = torch.randint(1, 1200, (n,), generator=generator, dtype=torch.int32)
+        widths[::4] = torch.randint(1, 6, (len(widths[::4]),), generator=generator).int()
+        draws = augmentation_draws(n, 2, range(n))
+        boxes, flips = random_crops(heights, widths, draws, scale, ratio)
+        expected, expected_flips = torch_random_crops(heights, widths, draws, scale, ratio)
+        assert boxes.dtype == torch.int64 and flips.dtype == torch.bool
+        assert torch.equal(boxes, expected) and torch.equal(flips, expected_flips)
+        top, left, h, w = boxes.unbind(1)
+        assert (top >= 0).all() and (left >= 0).all()
+        assert (top + h <= heights).all() and (left + w <= widths).all()
 
 
 @pytest.mark.parametrize("loader_name", LOADERS)

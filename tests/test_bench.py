@@ -14,8 +14,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 from loaderbench.bench.dali import dali_version
+from loaderbench.bench.ffcv import ffcv_unavailable
 from tests.conftest import REPO
 
 pytestmark = pytest.mark.slow
@@ -25,6 +27,10 @@ CLASSIC, TUTORIAL = "classic (float in workers)", "tutorial tensorclass"
 DALI = "dali (cpu)"
 # DALI is installed by `make bench`, not by `make install`: its rows are there where it is.
 HAS_DALI = dali_version() is not None
+# FFCV likewise (its own tests: test_bench_ffcv.py).
+FFCV_RAW, FFCV_JPG = "ffcv (raw)", "ffcv (jpg)"
+HAS_FFCV = ffcv_unavailable() is None
+FFCV = {FFCV_RAW, FFCV_JPG} if HAS_FFCV else set()
 TASKS = ("val", "train")
 WORKERS = 1
 # Half a unit of the last digit the report prints (images/s and shares: one decimal).
@@ -100,11 +106,20 @@ def ips(bench: dict[str, Any], task: str, name: str, workers: int) -> float:
     return number(bench["rows"][(task, name, workers)]["images/s"])
 
 
+def expected_limit(task: str, name: str) -> str:
+    """The limit of the same work: memmap's val rows copy stored crops, its train rows crop,
+    resize and flip stored rows; everything else decodes."""
+    if name != "memmap":
+        return "CPU decode"
+    return "crop + resize" if task == "train" else "memory copy"
+
+
 def test_every_loader_worker_count_and_peer_is_a_measured_row(bench: dict[str, Any]) -> None:
     expected = {(task, name, WORKERS) for task in TASKS for name in (*LOADERS, CLASSIC)}
     expected |= {(task, TUTORIAL, 0) for task in TASKS}
     if HAS_DALI:
         expected |= {(task, DALI, WORKERS) for task in TASKS}
+    expected |= {(task, name, WORKERS) for task in TASKS for name in FFCV}
     assert set(bench["rows"]) == expected
     for key, row in bench["rows"].items():
         assert number(row["images/s"]) > 0, key
@@ -114,7 +129,10 @@ def test_every_loader_worker_count_and_peer_is_a_measured_row(bench: dict[str, A
         if key[1] == TUTORIAL:  # no limit: nothing it could be a share of
             assert (row["share of limit"], row["limit"]) == ("-", "-"), key
             continue
-        assert row["limit"] == ("memory copy" if key[1] == "memmap" else "CPU decode"), key
+        if key[1] == FFCV_RAW:  # the same work as memmap's: its limit
+            assert row["limit"] == bench["rows"][(key[0], "memmap", key[2])]["limit"], key
+        else:
+            assert row["limit"] == expected_limit(key[0], key[1]), key
         assert row["share of limit"].endswith("%") and number(row["share of limit"]) > 0, key
 
 
@@ -152,18 +170,76 @@ def test_limits_and_shares_are_computed_from_the_measurements(bench: dict[str, A
     decode = number(bench["limits"][decode_label])
     assert abs(decode - limit["limit_images_per_s"]) <= ROUNDING
     single_core = [
-        number(value) for label, value in bench["limits"].items() if label.startswith("single")
+        number(value)
+        for label, value in bench["limits"].items()
+        if label.startswith("single") and label.endswith(" decode + resize")
     ]
     assert len(single_core) == len(limit["rates"])
     assert abs(decode - limit["cores"] * max(single_core)) <= (limit["cores"] + 1) * ROUNDING
     copy_cell = bench["limits"]["memory-copy bandwidth"]
-    copy_ips = number(search(r"= ([\d,]+) images/s", copy_cell))
+    crop = bench["json"]["crop_limit"]
+    by_name = {
+        "memory copy": number(search(r"= ([\d,]+) images/s", copy_cell)),
+        "crop + resize": number(
+            bench["limits"][f"crop-and-resize limit ({crop['cores']} cores x {crop['best']})"]
+        ),
+        "CPU decode": decode,
+    }
     for (task, name, workers), row in bench["rows"].items():
         if name == TUTORIAL:
             continue
-        limit_ips = copy_ips if name == "memmap" else decode
+        limit_ips = by_name[row["limit"]]
         share = 100 * ips(bench, task, name, workers) / limit_ips
         assert math.isclose(number(row["share of limit"]), share, rel_tol=1e-2, abs_tol=0.06)
+
+
+def test_the_crop_limit_is_the_train_crop_of_stored_rows(bench: dict[str, Any]) -> None:
+    """memmap's train rows are held to cores x the fastest single-core crop, resize and flip
+    of the train images as its raw store keeps them (4 classes x 24 in quick mode)."""
+    crop = bench["json"]["crop_limit"]
+    assert crop["job"] == "train crop + resize + flip"
+    assert {r["name"] for r in crop["rates"]} == {"torch-into-batch", "torch-new-tensor"}
+    assert {r["images"] for r in crop["rates"]} == {96} and crop["pool"]["images"] == 96
+    best = max(crop["rates"], key=lambda r: r["images_per_s"])
+    assert crop["best"] == best["name"] and best["images_per_s"] > 0
+    assert crop["limit_images_per_s"] == pytest.approx(crop["cores"] * best["images_per_s"])
+    assert crop["without_flips"]["name"] == f"{best['name']}, no flips"
+    assert crop["without_flips"]["images_per_s"] > 0
+    label = f"crop-and-resize limit ({crop['cores']} cores x {crop['best']})"
+    assert abs(number(bench["limits"][label]) - crop["limit_images_per_s"]) <= ROUNDING
+    for name in ("memmap", *({FFCV_RAW} & FFCV)):
+        row = bench["rows"][("train", name, WORKERS)]
+        share = 100 * ips(bench, "train", name, WORKERS) / crop["limit_images_per_s"]
+        assert row["limit"] == "crop + resize"
+        assert math.isclose(number(row["share of limit"]), share, rel_tol=1e-2, abs_tol=0.06)
+
+
+def test_the_crop_limits_ways_do_the_same_work(tmp_path: Path) -> None:
+    """Each candidate of the crop limit makes the same pixels for the same image: the train
+    pipeline's box, resize and flip (the limit compares ways of doing one job)."""
+    from PIL import Image
+
+    from loaderbench.bench.limits import crop_candidates, stored_crops
+
+    generator = torch.Generator().manual_seed(0)
+    paths = []
+    for i, (w, h) in enumerate([(500, 375), (333, 500), (120, 90), (640, 480), (300, 300)]):
+        coarse = torch.rand(1, 3, h // 10, w // 10, generator=generator) * 255
+        pixels = torch.nn.functional.interpolate(coarse, size=(h, w), mode="bilinear")
+        path = tmp_path / f"{i}.jpg"
+        Image.fromarray(pixels[0].permute(1, 2, 0).round().byte().numpy()).save(path)
+        paths.append(str(path))
+    crops = stored_crops(paths, 64, scale=(0.08, 1.0))
+    assert crops.rows.shape == (5, 192, 192, 3)  # the store's default side at 64 px
+    assert 0 < sum(crops.flips) < 5
+    ways = crop_candidates(crops, paths, 64)
+    unflipped = crop_candidates(crops, paths, 64, flips=False)
+    for path, flip in zip(paths, crops.flips, strict=True):
+        made = {name: fn(path).clone() for name, fn in ways.items()}
+        assert made["torch-into-batch"].shape[-3:] == (3, 64, 64)
+        assert torch.equal(made["torch-into-batch"].squeeze(0), made["torch-new-tensor"])
+        plain = unflipped["torch-into-batch"](path).squeeze(0)
+        assert torch.equal(plain.flip(-1) if flip else plain, made["torch-new-tensor"])
 
 
 def ratio_parts(line: str) -> dict[str, float]:
@@ -186,7 +262,7 @@ def test_ratios_are_computed_from_the_rows(bench: dict[str, Any]) -> None:
         prefix = f"- {task}, {WORKERS} workers, vs torchvision: "
         [line] = [line for line in lines if line.startswith(prefix)]
         parts = ratio_parts(line)
-        assert set(parts) == {"memmap", "spdl", CLASSIC} | ({DALI} if HAS_DALI else set())
+        assert set(parts) == {"memmap", "spdl", CLASSIC} | ({DALI} if HAS_DALI else set()) | FFCV
         base = ips(bench, task, "torchvision", WORKERS)
         for name, printed in parts.items():
             assert close_ratio(printed, ips(bench, task, name, WORKERS), base), (line, name)
@@ -220,6 +296,13 @@ def test_the_answer_comes_first_and_is_computed_from_the_rows(bench: dict[str, A
             assert close_ratio(printed, ours[best], ips(bench, task, DALI, WORKERS), digits=2)
         else:
             assert "DALI not measured" in line
+        if HAS_FFCV:  # against FFCV on the store of the same kind: raw for memmap
+            store = "raw" if best == "memmap" else "jpg"
+            printed = float(search(rf"; ([\d.]+)x FFCV on its {store} store", line))
+            peer = ips(bench, task, FFCV_RAW if store == "raw" else FFCV_JPG, WORKERS)
+            assert close_ratio(printed, ours[best], peer, digits=2), line
+        else:
+            assert "FFCV not measured" in line
 
 
 def test_every_row_has_its_ratio_against_dali(bench: dict[str, Any]) -> None:
@@ -231,6 +314,58 @@ def test_every_row_has_its_ratio_against_dali(bench: dict[str, Any]) -> None:
         printed = float(row["vs DALI"].rstrip("x"))
         dali = ips(bench, task, DALI, WORKERS)
         assert close_ratio(printed, ips(bench, task, name, workers), dali, digits=2), (task, name)
+
+
+def test_every_row_has_its_ratio_against_ffcv(bench: dict[str, Any]) -> None:
+    """Readers of stored pixels against FFCV's raw store, decoders of JPEGs against its jpg
+    store, at the same worker count."""
+    if not HAS_FFCV:
+        pytest.skip("FFCV is not installed here (make bench installs it)")
+    for (task, name, workers), row in bench["rows"].items():
+        if workers != WORKERS:
+            assert row["vs FFCV"] == "-", (task, name)
+            continue
+        peer = FFCV_RAW if name in ("memmap", FFCV_RAW) else FFCV_JPG
+        printed = float(row["vs FFCV"].rstrip("x"))
+        assert close_ratio(
+            printed, ips(bench, task, name, workers), ips(bench, task, peer, workers), digits=2
+        ), (task, name)
+
+
+def test_ffcv_stores_are_beside_memmaps(bench: dict[str, Any]) -> None:
+    """Each memmap store beside FFCV's of its kind: bytes per image from both, images/s and
+    CPU from the same runs as the other tables, the ratio computed from them."""
+    if not HAS_FFCV:
+        assert "## FFCV's stores beside memmap's" not in bench["md"]
+        return
+    table = table_rows(bench["md"], "| split | store | bytes / image: memmap |")
+    memmap = {(r["pipeline"], r["store"]): r for r in bench["json"]["stores"]}
+    ffcv = {
+        (r["pipeline"], r["extra"]["store"]): r
+        for r in bench["json"]["rows"]
+        if r["name"] in (FFCV_RAW, FFCV_JPG)
+    }
+    assert {(row[0], row[1]) for row in table} == {
+        (task, f"{store} / {mode}")
+        for task in TASKS
+        for store, mode in (("raw", "raw"), ("jpeg", "jpg"))
+    }
+    for split, kinds, ours_bytes, peer_bytes, file_bytes, ours_ips, peer_ips, ratio, *_ in table:
+        key = (split, kinds.split(" / ")[0])
+        ours, peer = memmap[key], ffcv[key]
+        assert number(ours_bytes) == pytest.approx(ours["bytes_per_image"], abs=0.5)
+        assert number(peer_bytes) == pytest.approx(
+            peer["extra"]["payload_bytes_per_image"], abs=0.5
+        )
+        assert number(file_bytes) >= number(peer_bytes)
+        assert abs(number(peer_ips) - ips(bench, split, peer["name"], WORKERS)) <= ROUNDING
+        assert close_ratio(float(ratio.rstrip("x")), number(ours_ips), number(peer_ips), digits=2)
+    # FFCV's raw train store holds each image shrunk to memmap's stored long side: fewer bytes
+    # than memmap's square canvas of that side.
+    assert (
+        ffcv[("train", "raw")]["extra"]["payload_bytes_per_image"]
+        < memmap[("train", "raw")]["bytes_per_image"]
+    )
 
 
 def test_stores_are_projected_to_imagenet_from_their_runs(bench: dict[str, Any]) -> None:

@@ -15,7 +15,8 @@ import pytest
 import torch
 
 from loaderbench.images import load_rgb
-from loaderbench.loaders.memmap.cache import META_FILE, StorePolicy, cache_name, ensure_cache
+from loaderbench.loaders.memmap.build import StorePolicy
+from loaderbench.loaders.memmap.cache import META_FILE, cache_name, ensure_cache
 from loaderbench.transforms import pil_val_transform
 from tests.conftest import REPO, folder_index
 
@@ -96,7 +97,9 @@ IN_TMPFS = """
 import json, os, shutil, sys
 from pathlib import Path
 from omegaconf import OmegaConf
+import loaderbench.loaders.memmap.build as mb
 import loaderbench.loaders.memmap.cache as mc
+import loaderbench.loaders.memmap.store_raw as raw_store
 from loaderbench.config import DatasetConfig
 from loaderbench.data import discover
 
@@ -104,7 +107,7 @@ root, cache_dir, step = sys.argv[1], Path(sys.argv[2]), sys.argv[3]
 cfg = OmegaConf.structured(DatasetConfig(index_dir=None))
 cfg.name, cfg.root = "folder", root
 split = discover(cfg).val
-policy = mc.StorePolicy.for_split(False, 32, 1.5)
+policy = mb.StorePolicy.for_split(False, 32, 1.5)
 
 def build(policy=policy):
     return mc.ensure_cache(split, policy, cache_dir, num_workers=1, skip_errors=True,
@@ -116,19 +119,19 @@ def report(**extra):
 
 if step == "fill":
     # Someone else fills the disk right after the free-space check passed.
-    real_reserve = mc.reserve_space
+    real_reserve = raw_store.reserve_space
     def filled_first(folder):
         free = shutil.disk_usage(cache_dir).free
         with open(cache_dir / "someone_else.bin", "wb") as f:
             f.write(b"x" * (free - 4096))
         return real_reserve(folder)
-    mc.reserve_space = filled_first
+    raw_store.reserve_space = filled_first
     try:
         build()
-    except mc.CacheError as error:
+    except mb.CacheError as error:
         os.remove(cache_dir / "someone_else.bin")
         report(error=str(error))
-        mc.reserve_space = real_reserve
+        raw_store.reserve_space = real_reserve
         cache = build()  # space again: the same run builds it
         report(built=cache.built, images=int(cache.data.images.shape[0]))
 elif step == "build":
@@ -137,8 +140,8 @@ elif step == "read":
     cache = build()
     report(built=cache.built, images=int(cache.data.images.shape[0]))
     try:
-        build(mc.StorePolicy.for_split(False, 48, 1.5))  # another size: needs a build
-    except mc.CacheError as error:
+        build(mb.StorePolicy.for_split(False, 48, 1.5))  # another size: needs a build
+    except mb.CacheError as error:
         report(error=str(error))
 """
 

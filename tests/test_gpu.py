@@ -12,8 +12,8 @@ import torch
 from PIL import Image
 
 from loaderbench.buffers import BufferPool
+from loaderbench.decode import CudaJpegDecoder, decode_cpu, hand_over
 from loaderbench.engine import train_one_epoch
-from loaderbench.jpeg import CudaJpegDecoder, decode_cpu, hand_over
 from loaderbench.loaders import build_loader
 from loaderbench.meters import LoopMeter
 from loaderbench.transforms import crop_resize_flip_batch, seeded_crops

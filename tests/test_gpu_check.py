@@ -1,7 +1,10 @@
-"""scripts/gpu_check.sh: refuses without CUDA, and its --dry-run does everything a CPU can."""
+"""scripts/gpu_check.sh: refuses without CUDA, and its --dry-run does everything a CPU can;
+scripts/gpu_kit.sh: what the kit holds and its limits; the check's decode phase."""
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import os
 import subprocess
 import sys
@@ -10,9 +13,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from loaderbench.bench import gpu
 from tests.conftest import REPO
 
 SCRIPT = REPO / "scripts" / "gpu_check.sh"
+KIT_SCRIPT = REPO / "scripts" / "gpu_kit.sh"
+MiB = 1 << 20
 
 
 def run_check(out: Path, *args: str, timeout: float) -> subprocess.CompletedProcess:
@@ -51,11 +57,149 @@ def test_the_dry_run_runs_every_cpu_phase_and_writes_the_report(tmp_path: Path) 
     table = phases(report)
     # The kit phase needs `make gpu-kit` (PyPI); every other phase must pass.
     others = {name: rc for name, rc in table.items() if name != "kit"}
-    assert {"env", "data", "tests", "train-model-memmap", "eval-none-spdl-turbo"} <= set(others)
+    assert {"env", "data", "decode", "tests", "train-model-memmap", "eval-none-spdl-turbo"} <= set(
+        others
+    )
     assert set(others.values()) == {"0"}, (table, log)
     assert "| failed |" not in report and "DRY RUN" in report
+    # The decode phase ran its CPU equivalent: a row a case, in the report and in decode.json.
+    assert "## Batched JPEG decode" in report and "| nvimgcodec | region |" in report
+    assert json.loads((out / "decode.json").read_text())["device"] == "cpu"
     if kit_made:  # the check passes whole
         assert table["kit"] == "0" and proc.returncode == 0, log
     else:  # a fresh checkout: the kit phase says what is missing, and the check fails
         assert table["kit"] != "0" and proc.returncode != 0
         assert "make gpu-kit" in (out / "check.log").read_text()
+
+
+# ---------------------------------------------------------------------------------------------
+# scripts/gpu_kit.sh
+
+
+def kit(*args: str, **env: str | Path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [str(KIT_SCRIPT), *args],
+        env={**os.environ, **{k: str(v) for k, v in env.items()}},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def kit_specs() -> list[str]:
+    proc = kit("--list")
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.split()
+
+
+def test_the_kit_carries_nvimagecodec_and_the_nvjpeg_it_loads() -> None:
+    specs = kit_specs()
+    names = [spec.split("==")[0] for spec in specs]
+    assert len(names) == len(set(names))  # one version of each
+    # nvImageCodec's nvJPEG extension dlopens libnvjpeg.so.13 beside it (torch 2.11 has none).
+    assert {"nvidia-nvimgcodec-cu13", "nvidia-nvjpeg", "torchcodec", "spdl_io"} <= set(names)
+    assert "nvidia-nvjpeg==13.0.1.86" in specs
+
+
+def fake_kit(folder: Path, specs: list[str], size: int) -> None:
+    """A wheel-named file of ``size`` bytes (sparse) per spec: --check reads names and sizes."""
+    folder.mkdir()
+    for spec in specs:
+        name, version = spec.split("==")
+        wheel = folder / f"{name.replace('-', '_')}-{version}-py3-none-any.whl"
+        with wheel.open("wb") as file:
+            file.truncate(size)
+
+
+def test_check_names_every_missing_wheel(tmp_path: Path) -> None:
+    proc = kit("--check", KIT_DIR=tmp_path / "empty")
+    assert proc.returncode == 1
+    for spec in kit_specs():
+        assert f"missing {spec}" in proc.stderr
+    assert "make gpu-kit" in proc.stderr
+
+
+def test_check_holds_the_kit_and_what_travels_with_it_to_their_limits(tmp_path: Path) -> None:
+    specs = kit_specs()
+    folder = tmp_path / "kit"
+    fake_kit(folder, specs, MiB)
+    ok = kit("--check", KIT_DIR=folder)
+    assert ok.returncode == 0, ok.stderr
+    assert f"{len(specs)} wheels, {len(specs)}.00 MiB" in ok.stdout
+    assert "travel together" in ok.stdout
+
+    too_big = kit("--check", KIT_DIR=folder, KIT_MAX_MB=len(specs) - 1)
+    assert too_big.returncode == 1 and f"over the {len(specs) - 1} MiB limit" in too_big.stderr
+    # The working tree travels too: the kit alone fits, kit + tree does not.
+    no_room = kit("--check", KIT_DIR=folder, TRAVEL_MAX_MB=len(specs))
+    assert no_room.returncode == 1
+    assert f"over the {len(specs)} MiB that travel to the GPU machine" in no_room.stderr
+
+
+# ---------------------------------------------------------------------------------------------
+# The decode phase (python -m loaderbench.bench.gpu decode)
+
+
+def decode_phase(root: Path, out: Path, device: str) -> tuple[int, dict]:
+    args = ["--device", device, "--batch", "4", "--images", "12", "--seconds", "0.05"]
+    rc = gpu.main(["decode", str(root), "--out", str(out), *args])
+    return rc, json.loads(out.read_text())
+
+
+def test_the_decode_phase_times_every_case_and_its_pixels_agree(
+    tiny_root: Path, tmp_path: Path
+) -> None:
+    rc, result = decode_phase(tiny_root, tmp_path / "decode.json", "cpu")
+    assert rc == 0, result
+    cases = {(case["library"], case["kind"]): case for case in result["cases"]}
+    assert set(cases) == set(gpu.DECODE_CASES)
+    installed = {"nvimgcodec": importlib.util.find_spec("nvidia.nvimgcodec") is not None}
+    for (library, kind), case in cases.items():
+        if not installed.get(library, True):
+            assert case["status"] == "unavailable" and case["error"], case
+            continue
+        assert case["status"] == "ok", case
+        assert case["images"] >= 12 and case["images_per_s"] > 0 and case["cpu_ms_per_image"] > 0
+        # Only nvImageCodec decodes the box alone; the others cut it from the whole image.
+        assert case["region_decoded"] == (kind == "region" and library == "nvimgcodec")
+    assert 0 < result["mean_kept_fraction"] < 1
+    agree = {a["what"]: a for a in result["agreement"]}
+    assert agree["torchvision whole vs torchcodec whole"]["max_abs"] == 0
+    if installed["nvimgcodec"]:  # libjpeg-turbo both ways on the CPU: the same pixels
+        assert agree["nvimgcodec whole vs torchcodec whole"]["max_abs"] == 0
+        assert agree["nvimgcodec region vs its whole decode, cut"]["max_abs"] == 0
+
+    section = "\n".join(gpu.decode_lines(result))
+    assert "| torchcodec | full | ok | " in section and "whole, then cut" in section
+    assert "not GPU figures" in section
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the answer where there is no GPU")
+def test_the_decode_phase_on_cuda_without_a_gpu_is_skipped_not_failed(
+    tiny_root: Path, tmp_path: Path
+) -> None:
+    rc, result = decode_phase(tiny_root, tmp_path / "decode.json", "cuda")
+    assert rc == 0 and result["skipped"] == "no CUDA"
+    assert gpu.decode_lines(result)[-1] == "skipped: no CUDA"
+
+
+def test_a_missing_library_fails_the_decode_phase_on_a_gpu_only() -> None:
+    rows = [{"library": name, "kind": kind, "status": "ok"} for name, kind in gpu.DECODE_CASES]
+    missing = [*rows[:-1], {**rows[-1], "status": "unavailable"}]
+    failed = [*rows[:-1], {**rows[-1], "status": "failed"}]
+    assert gpu.decode_exit_code({"device": "cuda", "cases": rows}) == 0
+    assert gpu.decode_exit_code({"device": "cuda", "cases": missing}) == 1
+    assert gpu.decode_exit_code({"device": "cpu", "cases": missing}) == 0
+    assert gpu.decode_exit_code({"device": "cpu", "cases": failed}) == 1
+
+
+def test_cases_a_crash_cut_short_fail_the_phase_and_show_as_not_run() -> None:
+    """decode.json is saved after every case: a library that takes the process down leaves
+    the rows before it, and the report names the ones that never ran."""
+    rows = [{"library": name, "kind": kind, "status": "ok"} for name, kind in gpu.DECODE_CASES]
+    partial = {"device": "cuda", "cases": rows[:2], "gpu": "H200"}
+    assert gpu.decode_exit_code(partial) == 1
+    section = "\n".join(gpu.decode_lines(partial))
+    last_name, last_kind = gpu.DECODE_CASES[-1]
+    assert f"| {last_name} | {last_kind} | not run |" in section
+    assert section.count("| not run |") == len(gpu.DECODE_CASES) - 2

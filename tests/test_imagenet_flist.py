@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import random
+import shutil
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,7 @@ import torch
 from omegaconf import OmegaConf
 
 from loaderbench.config import DatasetConfig
-from loaderbench.data import DatasetIndex, discover
+from loaderbench.data import DatasetError, DatasetIndex, discover
 from loaderbench.loaders import build_loader
 from tests.conftest import cpu_spec, run_entry, single_run
 
@@ -55,6 +56,41 @@ def test_file_list_labels_match_image_folder_labels(tiny_root: Path, tmp_path: P
         by_folder = dict(zip(folder.split(name).paths, folder.split(name).labels, strict=True))
         by_list = dict(zip(flist.split(name).paths, flist.split(name).labels, strict=True))
         assert by_list == by_folder
+
+
+def test_absolute_paths_with_a_wnid_like_prefix_label_by_class_folder(
+    tiny_root: Path, tmp_path: Path
+) -> None:
+    """``n\\d{8}`` inside "run20240101" once gave every image the class n20240101."""
+    root = tmp_path / "run20240101" / "imagenet"
+    shutil.copytree(tiny_root, root)
+    lists = []
+    for split in ("train", "val"):
+        path = tmp_path / f"{split}.flist"
+        path.write_text("".join(f"{p}\n" for p in sorted((root / split).rglob("*.JPEG"))))
+        lists.append(path)
+    flist = flist_index(root, *lists)
+    folder = folder_index(root)
+    assert flist.classes == folder.classes == ("n00000001", "n00000002", "n00000003")
+    for name in ("train", "val"):
+        assert list(flist.split(name).labels) == list(folder.split(name).labels)
+
+
+def test_file_list_without_wnids_names_the_line(tiny_root: Path, tmp_path: Path) -> None:
+    train_list, val_list = write_file_lists(tiny_root, tmp_path)
+    lines = val_list.read_text().splitlines()
+    lines[2] = "val/some_class/photo.JPEG"
+    val_list.write_text("\n".join(lines))
+    with pytest.raises(DatasetError, match=r"val.flist, line 3: .*val/some_class/photo.JPEG"):
+        flist_index(tiny_root, train_list, val_list)
+
+
+def test_file_list_of_one_class_is_refused(tiny_root: Path, tmp_path: Path) -> None:
+    train_list, val_list = write_file_lists(tiny_root, tmp_path)
+    one_class = [line for line in val_list.read_text().splitlines() if "n00000002" in line]
+    val_list.write_text("\n".join(one_class))
+    with pytest.raises(DatasetError, match=f"one class n00000002 \\(first line: {one_class[0]}"):
+        flist_index(tiny_root, train_list, val_list)
 
 
 @pytest.mark.parametrize("loader_name", ["torchvision", "spdl"])

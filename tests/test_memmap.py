@@ -25,20 +25,19 @@ from loaderbench.config import DatasetConfig
 from loaderbench.data import DatasetIndex, Split, discover
 from loaderbench.images import load_rgb
 from loaderbench.loaders import build_loader
-from loaderbench.loaders.memmap.cache import (
-    COMPLETE_FILE,
-    CacheError,
-    ImageCache,
-    StorePolicy,
-    cache_name,
-    decode_fit,
-    ensure_cache,
-    fit_size,
-    open_cache,
-)
+from loaderbench.loaders.memmap.build import CacheError, StorePolicy, decode_fit, fit_size
+from loaderbench.loaders.memmap.cache import COMPLETE_FILE, cache_name, ensure_cache, open_cache
 from loaderbench.loaders.memmap.loader import MemmapLoader
+from loaderbench.loaders.memmap.store_raw import ImageCache
 from loaderbench.locking import FileLock
-from loaderbench.transforms import crop_resize_flip_batch, pil_val_transform
+from loaderbench.transforms import (
+    crop_resize_flip_batch,
+    crop_resize_flip_rows,
+    pil_val_transform,
+    resize_uint8,
+    resized_crop_images,
+    seeded_crops,
+)
 from tests.conftest import REPO, cpu_spec, read_metrics, run_dirs, run_entry, single_run
 
 SIZE = 32  # model input size in these tests; train images are stored with a long side of 48
@@ -83,7 +82,7 @@ def reader_threads() -> list[threading.Thread]:
 
 REOPEN = """
 import hashlib, sys
-from loaderbench.loaders.memmap.cache import ImageCache
+from loaderbench.loaders.memmap.store_raw import ImageCache
 for path in sys.argv[1:]:
     cache = ImageCache.load_memmap(path)
     h = hashlib.sha256()
@@ -181,8 +180,10 @@ JPEG_MEAN_ERROR_64 = 7.5  # per image (measured max 6.8)
 def test_the_jpeg_store_round_trips_within_jpeg_error_at_a_fraction_of_the_bytes(
     tiny_root: Path, tmp_path: Path
 ) -> None:
-    from loaderbench.jpeg import decode_cpu
-    from loaderbench.loaders.memmap.cache import JpegCache, decode_stored, stored_bytes
+    from loaderbench.decode import decode_cpu
+    from loaderbench.loaders.memmap.build import decode_stored
+    from loaderbench.loaders.memmap.cache import STORES
+    from loaderbench.loaders.memmap.store_jpeg import JpegCache
 
     index = index_of(tiny_root)
     for split, train in ((index.val, False), (index.train, True)):
@@ -194,7 +195,7 @@ def test_the_jpeg_store_round_trips_within_jpeg_error_at_a_fraction_of_the_bytes
         data = jpeg.cache.data
         assert isinstance(data, JpegCache) and data.batch_size == torch.Size([])
         for i, path in enumerate(split.paths):
-            stored = decode_cpu(stored_bytes(data, i))
+            stored = decode_cpu(STORES["jpeg"].stored_bytes(data, i))
             direct = decode_stored(path, jpeg.policy)
             direct = direct if not train else direct.permute(2, 0, 1)
             assert stored.shape == direct.shape
@@ -325,6 +326,7 @@ KILLED_BUILD = """
 import sys, time
 from pathlib import Path
 from omegaconf import OmegaConf
+import loaderbench.loaders.memmap.build as mb
 import loaderbench.loaders.memmap.cache as mc
 from loaderbench.config import DatasetConfig
 from loaderbench.data import discover
@@ -333,7 +335,7 @@ root, cache_dir, halfway, codec = sys.argv[1:5]
 cfg = OmegaConf.structured(DatasetConfig(index_dir=None))
 cfg.name, cfg.root = "folder", root
 split = discover(cfg).val
-real, count = mc.decode_crop, [0]
+real, count = mb.decode_crop, [0]
 
 def slow(path, size):
     count[0] += 1
@@ -342,8 +344,8 @@ def slow(path, size):
         time.sleep(600)
     return real(path, size)
 
-mc.decode_crop = slow
-mc.ensure_cache(split, mc.StorePolicy.for_split(False, 32, 1.5, codec=codec), Path(cache_dir),
+mb.decode_crop = slow
+mc.ensure_cache(split, mb.StorePolicy.for_split(False, 32, 1.5, codec=codec), Path(cache_dir),
                 num_workers=0, skip_errors=True, progress=False)
 print("finished")
 """
@@ -403,6 +405,7 @@ RACING_BUILD = """
 import sys, time
 from pathlib import Path
 from omegaconf import OmegaConf
+import loaderbench.loaders.memmap.build as mb
 import loaderbench.loaders.memmap.cache as mc
 from loaderbench.config import DatasetConfig
 from loaderbench.data import discover
@@ -411,16 +414,16 @@ root, cache_dir, go = sys.argv[1:4]
 cfg = OmegaConf.structured(DatasetConfig(index_dir=None))
 cfg.name, cfg.root = "folder", root
 split = discover(cfg).train
-real = mc.decode_fit
+real = mb.decode_fit
 
 def slow(path, long_side):
     time.sleep(0.02)
     return real(path, long_side)
 
-mc.decode_fit = slow
+mb.decode_fit = slow
 while not Path(go).exists():
     time.sleep(0.005)
-cache = mc.ensure_cache(split, mc.StorePolicy.for_split(True, 32, 1.5), Path(cache_dir),
+cache = mc.ensure_cache(split, mb.StorePolicy.for_split(True, 32, 1.5), Path(cache_dir),
                         num_workers=0, skip_errors=True, progress=False)
 print(cache.built, cache.path)
 """
@@ -543,6 +546,88 @@ def test_uint8_crop_agrees_with_roi_align_and_flips() -> None:
     assert diff.float().mean() < 2.0 and diff.max() <= 40
     unflipped = crop_resize_flip_batch(images, boxes, 24)
     assert torch.equal(fast[1], unflipped[1].flip(-1)) and torch.equal(fast[0], unflipped[0])
+
+
+def reference_crops(
+    rows: torch.Tensor, indices: list[int], boxes: torch.Tensor, size: int, flips: torch.Tensor
+) -> torch.Tensor:
+    """The per-image reference: each box copied out of its stored (H, W, C) row into a planar
+    image of its own, ``resize_uint8`` into a new tensor, then ``flip``."""
+    out = []
+    for row, (top, left, h, w), flip in zip(indices, boxes.tolist(), flips.tolist(), strict=True):
+        box = rows[row, top : top + h, left : left + w].permute(2, 0, 1).contiguous()
+        resized = resize_uint8(box, (size, size))
+        out.append(resized.flip(-1) if flip else resized)
+    return torch.stack(out)
+
+
+def smooth_rows(n: int, height: int, width: int, seed: int = 0) -> torch.Tensor:
+    """(n, height, width, 3) uint8 rows of smooth noise: every resize weight matters."""
+    generator = torch.Generator().manual_seed(seed)
+    coarse = torch.rand(n, 3, height // 6, width // 6, generator=generator) * 255
+    smooth = torch.nn.functional.interpolate(coarse, size=(height, width), mode="bilinear")
+    return smooth.round().to(torch.uint8).permute(0, 2, 3, 1).contiguous()
+
+
+def test_crops_resized_in_place_are_the_per_image_references_to_the_pixel() -> None:
+    """Memmap's train path resizes each box straight from its stored row into the batch (a
+    view, the kernel's out= call, a flipped box rather than a flipped output): the pixels of
+    resizing a copy of the box into a new tensor and flipping that, exactly; for channels-last
+    rows, channels-last batches and planar decoded images alike."""
+    size, stored = 24, (60, 80)
+    rows = smooth_rows(12, *stored)
+    heights, widths = torch.full((12,), 60), torch.full((12,), 80)
+    boxes, _ = seeded_crops(heights, widths, 0, 0, range(12))
+    # Boxes on every edge, the whole image, one pixel, the output's own size, a thin strip.
+    edges = [[0, 0, 60, 80], [0, 0, 10, 12], [50, 70, 10, 10], [59, 0, 1, 80], [0, 79, 60, 1]]
+    boxes[:8] = torch.tensor([*edges, [20, 30, size, size], [7, 9, 1, 1], [0, 40, 60, 40]])
+    flips = torch.tensor([True, False] * 6)
+    indices = [11, 0, 5, 3, 2, 9, 1, 4, 6, 8, 7, 10]  # out of order, as an epoch's batch is
+    expected = reference_crops(rows, indices, boxes, size, flips)
+    from_rows = crop_resize_flip_rows(rows, indices, boxes, size, flips)
+    batch = rows[indices].permute(0, 3, 1, 2)  # gathered rows: memmap's deferred (GPU) path
+    planar = [rows[i].permute(2, 0, 1).contiguous() for i in indices]  # decoded images
+    for fast in (
+        from_rows,
+        crop_resize_flip_batch(batch, boxes, size, flips),
+        resized_crop_images(planar, boxes, size, flips),
+    ):
+        assert fast.shape == (12, 3, size, size) and fast.dtype == torch.uint8
+        assert fast.is_contiguous(memory_format=torch.channels_last)
+        assert torch.equal(fast, expected)
+    # An out= batch is written, not replaced; unflipped boxes are the flipped ones mirrored.
+    out = torch.zeros(12, size, size, 3, dtype=torch.uint8).permute(0, 3, 1, 2)
+    assert crop_resize_flip_rows(rows, indices, boxes, size, flips, out) is out
+    unflipped = crop_resize_flip_rows(rows, indices, boxes, size)
+    assert torch.equal(unflipped[1::2], out[1::2])
+    assert torch.equal(unflipped[::2].flip(-1), out[::2])
+    assert not torch.equal(unflipped[::2], out[::2])
+
+
+def test_a_raw_train_batch_is_each_stored_images_reference_crop(
+    tiny_root: Path, tmp_path: Path
+) -> None:
+    """The loader's batches (boxes cut from the memory map in the reading threads) against
+    the reference crop of each stored row, with the boxes and flips drawn for the image."""
+    index = index_of(tiny_root)
+    loader = make_loader(index.train, tmp_path, train=True, batch_size=7)
+    try:
+        loader.set_epoch(3)
+        stored = loader.cache.data
+        rows = stored.images.as_subclass(torch.Tensor)
+        order = loader.spec.epoch_batches(3)
+        flipped = 0
+        for batch, indices in zip(loader, order, strict=True):
+            boxes, flips = loader.spec.random_crops(
+                stored.heights[indices], stored.widths[indices], 3, indices.tolist()
+            )
+            expected = reference_crops(rows, indices.tolist(), boxes, SIZE, flips)
+            assert torch.equal(batch.images, expected)
+            assert torch.equal(batch.labels, stored.labels[indices].long())
+            flipped += int(flips.sum())
+        assert 0 < flipped < len(index.train)
+    finally:
+        loader.close()
 
 
 def assert_same_batches(first: MemmapLoader, second: MemmapLoader) -> None:

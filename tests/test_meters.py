@@ -10,7 +10,7 @@ import psutil
 import pytest
 import torch
 
-from loaderbench.meters import Average, CpuWindow, LoopMeter, ProcessTreeMonitor
+from loaderbench.meters import Average, CpuWindow, LoopMeter, ProcessTreeMonitor, loop_metrics
 
 
 class FakeClock:
@@ -53,6 +53,27 @@ def test_loop_meter_accumulates_epochs_and_counts_ttfb_once() -> None:
     assert summary["ttfb_s"] == pytest.approx(2.0)
     # Batches 2..6: waits 1,2(new epoch),1,... = 1+2+1 + 1 each step
     assert summary["images_per_s"] == pytest.approx(20 / (1 + 1 + 1 + 1 + 2 + 1 + 1 + 1 + 1 + 1))
+
+
+def test_an_epoch_s_numbers_are_its_own_not_the_run_s_so_far() -> None:
+    """What the per-epoch rows show: a slow second epoch reads slow, not as a running mean."""
+    clock = FakeClock()
+    meter = LoopMeter(warmup_batches=1, clock=clock)
+    epochs = []
+    for step_s in (1.0, 3.0):  # the second epoch's steps take three times as long
+        since = meter.batches
+        for _ in meter.iterate(timed_loader(clock, [1.0] * 4)):
+            clock.now += step_s
+        epochs.append(loop_metrics(meter, cpu_s=0.0, since=since))
+    first, second = epochs
+    assert first["images"] == second["images"] == 16
+    # Epoch 1 after its warm-up batch: 3 batches of 4 in 3 x (1 s wait + 1 s step).
+    assert first["images_per_s"] == pytest.approx(12 / 6.0)
+    assert first["data_wait_frac"] == pytest.approx(0.5)
+    # Epoch 2 alone: 4 batches of 4 in 4 x (1 s + 3 s); the run so far would read 28 / 22.
+    assert second["images_per_s"] == pytest.approx(16 / 16.0)
+    assert second["data_wait_frac"] == pytest.approx(0.25)
+    assert loop_metrics(meter, cpu_s=0.0)["images_per_s"] == pytest.approx(28 / 22.0)
 
 
 def test_loop_meter_max_batches_and_few_batches() -> None:

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from tests.conftest import REPO, run_entry
 from tests.test_distributed import torchrun
@@ -155,3 +156,52 @@ def test_usr2_requeues_the_job_which_resumes_and_finishes(
     assert metrics["status"] == "ok" and metrics["epochs"] == 3, metrics
     assert metrics["requeues"] == 1 and metrics["resumed_from"].endswith("checkpoint.pt")
     assert rows[0]["status"] == "ok"
+
+
+def test_usr2_requeues_a_two_task_job_which_ends_as_the_uninterrupted_run(
+    local_slurm: dict, small_root: Path, tmp_path: Path
+) -> None:
+    """USR2 to both tasks of a slurm_ddp job in 5-step epochs (far fewer than the log
+    interval): the ranks agree to stop at the epoch's last step, checkpoint, requeue, and the
+    requeued job ends with the weights of an uninterrupted torchrun job."""
+    slurm_cwd, torchrun_cwd = tmp_path / "slurm", tmp_path / "torchrun"
+    slurm_cwd.mkdir()
+    torchrun_cwd.mkdir()
+    common = [f"dataset.root={small_root}", "loader=torchvision", *TRAIN, "epochs=3"]
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            str(REPO / "train.py"),
+            "--multirun",
+            "hydra/launcher=slurm_ddp",
+            "hydra.launcher.tasks_per_node=2",
+            "hydra.launcher.cpus_per_task=1",
+            *common,
+        ],
+        cwd=slurm_cwd,
+        env=local_slurm,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    deadline = time.monotonic() + 300
+    signalled = False
+    while proc.poll() is None and time.monotonic() < deadline:
+        logs = list((slurm_cwd / "outputs").rglob("train.log"))
+        job = squeue_job(local_slurm)
+        if not signalled and job and logs and "epoch 1/3:" in logs[0].read_text():
+            subprocess.run(["scancel", "--signal=USR2", job], env=local_slurm, check=True)
+            signalled = True
+        time.sleep(0.5)
+    output, _ = proc.communicate(timeout=300)
+    assert signalled and proc.returncode == 0, output[-4000:]
+    sweep, rows = sweep_rows(slurm_cwd, "train")
+    (metrics,) = job_metrics(sweep)
+    assert rows[0]["status"] == metrics["status"] == "ok" and metrics["epochs"] == 3, metrics
+    assert metrics["world_size"] == 2 and metrics["requeues"] == 1
+    torchrun(*common, cwd=torchrun_cwd)
+    (reference,) = list(torchrun_cwd.rglob("checkpoint.pt"))
+    (resumed,) = list(sweep.rglob("checkpoint.pt"))
+    expected = torch.load(reference, weights_only=True)["model"]
+    for name, tensor in torch.load(resumed, weights_only=True)["model"].items():
+        torch.testing.assert_close(tensor, expected[name], rtol=1e-5, atol=1e-6)

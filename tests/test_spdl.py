@@ -159,15 +159,22 @@ class Tolerance:
 
 
 # Measured on tiny_root's val images (500x375-class JPEGs):
-#   turbo  (libjpeg-turbo, same filter as PIL): mean 0.001-0.003, worst image 0.007, p99 0, max 1
+#   turbo  (libjpeg-turbo, same filter as PIL) decoding the centre crop's region of the
+#          original (``val_region_plan``: its edges rounded to whole source pixels, so the
+#          crop is up to half a source pixel off the reference's): at 64 px mean 0.50, worst
+#          0.79, p99 6, max 27; at 224 px mean 0.78-0.91, worst 1.60, p99 5-6, max 65. The
+#          same top-1 within 0.2 points of torchvision's on 1000 val images (decode.py);
+#          decoding the whole image (no region backend): mean 0.002, p99 0, max 1.
 #   ffmpeg (FFmpeg's decoder and scaler): at 64 px mean 0.46, worst 0.70, p99 6, max 31;
 #          at 224 px mean 0.93, worst 1.26, p99 9, max 84 (colour edges: its chroma upsampling
 #          is not libjpeg's). Bounds below leave ~50% headroom.
 TOLERANCES = {
-    "turbo": Tolerance(mean=0.05, image_mean=0.05, p99=1.0),
+    "turbo": Tolerance(mean=1.4, image_mean=2.4, p99=9.0),
+    "turbo-whole": Tolerance(mean=0.05, image_mean=0.05, p99=1.0),
     "ffmpeg": Tolerance(mean=1.5, image_mean=2.0, p99=14.0),
-    # Not measured here (no GPU): nvJPEG's IDCT and upsampling differ from libjpeg's.
-    "nvjpeg": Tolerance(mean=1.5, image_mean=2.0, p99=14.0),
+    # Not measured here (no GPU): nvJPEG's IDCT and upsampling differ from libjpeg's, and the
+    # region's rounding adds turbo's difference.
+    "nvjpeg": Tolerance(mean=2.5, image_mean=3.5, p99=16.0),
 }
 
 
@@ -184,7 +191,8 @@ def assert_matches_reference(root: Path, decoder: str, size: int, device: str = 
         loader.close()
     assert got.shape == expected.shape
     diff = (got.int() - expected.int()).abs().float()
-    tolerance = TOLERANCES[decoder]
+    regions = loader.stats()["region_decode"]
+    tolerance = TOLERANCES[decoder if regions or decoder != "turbo" else "turbo-whole"]
     assert diff.mean() <= tolerance.mean, f"{decoder}: mean |diff| {diff.mean():.3f}"
     assert diff.mean(dim=(1, 2, 3)).max() <= tolerance.image_mean
     assert diff.flatten().quantile(0.99) <= tolerance.p99
@@ -207,6 +215,21 @@ def test_val_geometry_is_resize_short_side_then_centre_crop() -> None:
     text = ffmpeg_filter(plan, 375, 500)
     assert "scale=w=341:h=256" in text and "crop=w=224:h=224:x=58:y=16" in text
     assert "pad" not in text and text.endswith("format=pix_fmts=rgb24")
+
+
+def test_val_region_is_the_centre_crop_in_the_originals_pixels() -> None:
+    """The region decoders' val plan: the reference's centre crop (16, 58, 224, 224) of the
+    341x256 resize, mapped back to the 500x375 original and rounded to whole pixels."""
+    plan = decoders.val_region_plan(375, 500, 224)
+    assert plan == decoders.Plan(box=(23, 85, 329, 328), resize=(224, 224))
+    for height, width in ((375, 500), (500, 333), (64, 64), (1000, 90)):
+        top, left, h, w = decoders.val_region_plan(height, width, 64).box
+        assert 0 <= top and 0 <= left and top + h <= height and left + w <= width
+    # Taken where the JPEG backend decodes regions; FFmpeg decodes whole, as the reference.
+    turbo = decoders.TurboDecoder(Geometry(64, train=False), torch.device("cpu"))
+    assert turbo.geometry.val_region is turbo.decodes_regions()
+    ffmpeg = decoders.FFmpegDecoder(Geometry(64, train=False), torch.device("cpu"))
+    assert not ffmpeg.geometry.val_region and not ffmpeg.decodes_regions()
 
 
 def opened(sizes: list[tuple[int, int]], epoch: int = 0) -> list[decoders.Opened]:
@@ -423,25 +446,36 @@ def test_nvjpeg_without_cuda_fails_at_once_saying_so(tiny_root: Path) -> None:
 
 
 def test_nvjpeg_batch_logic_runs_off_the_gpu(
-    damaged_root: Path, monkeypatch: pytest.MonkeyPatch
+    damaged_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The batch path (batched decode, one-by-one retry on a bad file, non-JPEG fallback,
     plans, stacking) with the CPU's batched decoder standing in for nvJPEG."""
     monkeypatch.setattr(decoders, "require_cuda", lambda device, what: None)
     index = index_of(damaged_root)
+    # Whole, with a sound frame header, so handed to the batched decode, which fails on it:
+    # a Huffman table whose code counts add up to far over 256.
+    bogus = bytearray(Path(index.val.paths[0]).read_bytes())
+    at = bogus.find(b"\xff\xc4")
+    bogus[at + 5 : at + 21] = b"\xff" * 16
+    (tmp_path / "zz_bogus_huffman.JPEG").write_bytes(bogus)
     decoder = decoders.NvjpegDecoder(Geometry(64, train=False), torch.device("cpu"))
+    paths = [*index.val.paths, str(tmp_path / "zz_bogus_huffman.JPEG")]
+    labels = [*index.val.labels, 0]
     samples = [
-        decoders.Sample(i, p, lab, 0)
-        for i, (p, lab) in enumerate(zip(index.val.paths, index.val.labels, strict=True))
+        decoders.Sample(i, p, lab, 0) for i, (p, lab) in enumerate(zip(paths, labels, strict=True))
     ]
     buffers = BatchBuffers(len(samples), (3, 64, 64), capacity=2, pin=False)
     read = decoder.decode_batch(samples, buffers)
-    assert len(read.jpegs) == 13 and len(read.staged_labels) == 1  # the PNG named .JPEG
+    # The truncated file is refused on opening, by PIL (``images.jpeg_ends``); the PNG named
+    # .JPEG is decoded there.
+    assert len(read.jpegs) == 13 and len(read.staged_labels) == 1
     batch = decoder.to_device(read, buffers)
     assert batch.images.shape == (13, 3, 64, 64) and len(batch.labels) == 13
-    assert {Path(f.path).name for f in batch.failures} == BAD_FILES
-    reference = pil_val_transform(64)(load_rgb(index.val.paths[0]))
-    assert (batch.images[0].int() - reference.int()).abs().max() <= 1
+    assert {Path(f.path).name for f in batch.failures} == {*BAD_FILES, "zz_bogus_huffman.JPEG"}
+    # The same pixels as the turbo decoder's threads give the image.
+    turbo = decoders.TurboDecoder(Geometry(64, train=False), torch.device("cpu"))
+    first = turbo.open(samples[0])
+    assert torch.equal(batch.images[0], turbo.finish(first, turbo.geometry.plans([first])[0]))
 
 
 @pytest.mark.cuda

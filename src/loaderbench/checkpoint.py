@@ -11,31 +11,44 @@ import torch
 
 from loaderbench.locking import atomic_write
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: every rank's random state, the GradScaler's, the run's shape
 CHECKPOINT_FILE = "checkpoint.pt"  # train.py's, in its run directory
 
 
 def rng_state() -> dict[str, Any]:
+    """This process's random streams where they stand: torch's CPU generator, its CUDA
+    device's, Python's and numpy's (the whole state: key, position and cached Gaussian).
+    Each rank of a data-parallel job has its own (seeded ``seed + rank``): the checkpoint keeps
+    every rank's."""
+    _, keys, pos, has_gauss, gauss = np.random.get_state()
     state: dict[str, Any] = {
         "torch": torch.get_rng_state(),
         "python": list(random.getstate()[1]),
-        "numpy": torch.from_numpy(np.random.get_state()[1].astype(np.int64)),
+        "numpy": {
+            "keys": torch.from_numpy(keys.astype(np.int64)),
+            "pos": int(pos),
+            "has_gauss": int(has_gauss),
+            "gauss": float(gauss),
+        },
     }
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state()  # this process's device
     return state
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
-    """Undo ``rng_state``: the random streams continue where the checkpoint left them."""
-    torch.set_rng_state(state["torch"])
+    """Undo ``rng_state``: the random streams continue where the checkpoint left them (its
+    tensors may have been loaded onto the run's device: generator states live on the CPU)."""
+    torch.set_rng_state(state["torch"].cpu())
     random.setstate((3, tuple(int(x) for x in state["python"]), None))
-    numpy_state = np.random.get_state()
-    np.random.set_state(
-        (numpy_state[0], state["numpy"].numpy().astype(np.uint32), *numpy_state[2:])
-    )
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+    numpy = state["numpy"]
+    if isinstance(numpy, dict):
+        keys = numpy["keys"].cpu().numpy().astype(np.uint32)
+        np.random.set_state(("MT19937", keys, numpy["pos"], numpy["has_gauss"], numpy["gauss"]))
+    else:  # a format-1 checkpoint kept the key alone
+        np.random.set_state(("MT19937", numpy.cpu().numpy().astype(np.uint32), 624, 0, 0.0))
+    if "cuda" in state and torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.set_rng_state(state["cuda"].cpu())
 
 
 def save_checkpoint(path: str | Path, state: dict[str, Any]) -> None:

@@ -10,155 +10,26 @@ Two layouts are understood:
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 from omegaconf import DictConfig
 
+from loaderbench.dataset_index import indexed
+from loaderbench.splits import SPLITS, DatasetIndex, PathTable, Scanned, Split, stat_files
+
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
-SPLITS = ("train", "val")
-_WNID = re.compile(r"n\d{8}")
+# A WordNet ID is a whole name: a class folder "n01440764", or a file name's prefix
+# "n01440764_10026.JPEG"; never digits inside another word ("run20240101").
+_WNID_FOLDER = re.compile(r"n\d{8}")
+_WNID_FILE = re.compile(r"(n\d{8})(?=[_.])")
 
 
 class DatasetError(ValueError):
     """A dataset that cannot be used as configured; the message names the path or key."""
-
-
-class PathTable(Sequence[str]):
-    """File paths in one byte buffer plus offsets, under a common prefix.
-
-    A tuple of 1.28M Python strings is a million objects whose reference counts every reader
-    touches, so forked DataLoader workers copy their pages one by one as an epoch goes (pytorch
-    issue 13246) and each worker's memory grows; two numpy arrays are read without writing.
-    """
-
-    def __init__(self, prefix: str, blob: np.ndarray, offsets: np.ndarray) -> None:
-        self.prefix = prefix
-        self.blob = blob  # uint8: the paths after the prefix, back to back, UTF-8
-        self.offsets = offsets  # int64 (n + 1,): path i is blob[offsets[i]:offsets[i + 1]]
-
-    @classmethod
-    def from_paths(cls, paths: Sequence[str], root: str) -> PathTable:
-        """``paths`` stored relative to ``root``."""
-        prefix = root.rstrip("/") + "/"
-        encoded = [
-            (p[len(prefix) :] if p.startswith(prefix) else os.path.relpath(p, root)).encode()
-            for p in paths
-        ]
-        offsets = np.zeros(len(encoded) + 1, dtype=np.int64)
-        np.cumsum([len(e) for e in encoded], out=offsets[1:])
-        blob = np.frombuffer(b"".join(encoded), dtype=np.uint8)
-        return cls(prefix, blob, offsets)
-
-    def relative(self, index: int) -> str:
-        return self.blob[self.offsets[index] : self.offsets[index + 1]].tobytes().decode()
-
-    def __getitem__(self, index):  # type: ignore[override]
-        if isinstance(index, slice):
-            return [self[i] for i in range(*index.indices(len(self)))]
-        if index < 0:
-            index += len(self)
-        if not 0 <= index < len(self):
-            raise IndexError(index)
-        return self.prefix + self.relative(index)
-
-    def __len__(self) -> int:
-        return len(self.offsets) - 1
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, Sequence):
-            return NotImplemented
-        return len(self) == len(other) and all(a == b for a, b in zip(self, other, strict=True))
-
-    __hash__ = None  # type: ignore[assignment]
-
-
-def stat_files(paths: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
-    """Sizes and modification times (ns) of ``paths``; -1 for a file gone since discovery
-    (the loaders skip it, naming it)."""
-    sizes = np.full(len(paths), -1, dtype=np.int64)
-    mtimes = np.full(len(paths), -1, dtype=np.int64)
-    for i, path in enumerate(paths):
-        try:
-            st = os.stat(path)
-        except OSError:
-            continue
-        sizes[i], mtimes[i] = st.st_size, st.st_mtime_ns
-    return sizes, mtimes
-
-
-@dataclass(frozen=True, eq=False)
-class Split:
-    """One split: image paths and their integer labels, in a fixed order."""
-
-    name: str
-    paths: Sequence[str]  # a PathTable when discovered
-    labels: Sequence[int]
-    # The dataset's root: what the fingerprint's paths are relative to ("": absolute paths).
-    root: str = ""
-    # The files' sizes and mtimes when the index was made (None: stat them when needed).
-    stats: tuple[np.ndarray, np.ndarray] | None = None
-
-    def __len__(self) -> int:
-        return len(self.paths)
-
-    def subset(self, keep: Sequence[int]) -> Split:
-        paths = [self.paths[i] for i in keep]
-        stats = None if self.stats is None else (self.stats[0][keep], self.stats[1][keep])
-        return Split(
-            self.name,
-            PathTable.from_paths(paths, self.root) if self.root else tuple(paths),
-            np.asarray(self.labels, dtype=np.int64)[keep],
-            self.root,
-            stats,
-        )
-
-    def _relative_names(self) -> bytes:
-        """The paths relative to ``root``, NUL-separated: from the path table's buffer as it
-        is (one vectorised insert, no million strings) when it holds exactly that."""
-        paths = self.paths
-        if (
-            isinstance(paths, PathTable)
-            and self.root
-            and paths.prefix == self.root.rstrip("/") + "/"
-        ):
-            return np.insert(paths.blob, paths.offsets[1:-1], 0).tobytes()
-        names = (os.path.relpath(p, self.root) if self.root else p for p in paths)
-        return "\0".join(names).encode()
-
-    def fingerprint(self) -> str:
-        """Changes when any file is added, removed, renamed, resized or touched; not when the
-        whole data set is copied elsewhere keeping its times (``cp -a``, ``rsync -a``): paths
-        count relative to ``root``, so a copy on node-local scratch reuses its caches. Sizes
-        and times come from the dataset index (no file is stat-ed) when there is one."""
-        sizes, mtimes = self.stats if self.stats is not None else stat_files(self.paths)
-        digest = hashlib.sha256()
-        digest.update(self._relative_names())
-        digest.update(np.asarray(self.labels, dtype=np.int64).tobytes())
-        digest.update(sizes.astype(np.int64).tobytes() + mtimes.astype(np.int64).tobytes())
-        return digest.hexdigest()[:16]
-
-
-@dataclass(frozen=True)
-class DatasetIndex:
-    root: Path
-    classes: tuple[str, ...]
-    train: Split
-    val: Split
-
-    @property
-    def num_classes(self) -> int:
-        return len(self.classes)
-
-    def split(self, name: str) -> Split:
-        if name not in SPLITS:
-            raise KeyError(f"unknown split {name!r}; choose one of {SPLITS}")
-        return self.train if name == "train" else self.val
 
 
 def resolve_path(path: str | os.PathLike[str]) -> Path:
@@ -201,25 +72,45 @@ def scan_image_folder(
 
 
 def parse_wnid(path: str) -> str:
-    """The first WordNet ID (nXXXXXXXX) in a path."""
-    match = _WNID.search(path)
+    """The WordNet ID of an image path: its class folder's name (``.../n01440764/x.JPEG``),
+    else its file name's prefix (``n01440764_10026.JPEG``). Only whole names count, so a
+    WNID-like string elsewhere in the path (``/data/run20240101/...``) is never taken."""
+    parts = path.split("/")
+    if len(parts) >= 2 and _WNID_FOLDER.fullmatch(parts[-2]):
+        return parts[-2]
+    match = _WNID_FILE.match(parts[-1])
     if match is None:
-        raise DatasetError(f"no WordNet ID (nXXXXXXXX) in path {path!r}")
-    return match.group(0)
+        raise DatasetError(
+            f"no WordNet ID in path {path!r}: neither its folder nor its file name is one "
+            f"(nXXXXXXXX, as in train/n01440764/n01440764_10026.JPEG)"
+        )
+    return match.group(1)
 
 
 def read_file_list(list_file: Path, root: Path) -> tuple[list[str], list[str]]:
-    """Absolute paths and WordNet IDs from a text file of paths relative to ``root``."""
+    """Absolute paths and WordNet IDs from a text file of paths relative to ``root``.
+
+    A line whose path gives no WordNet ID is an error naming it; so is a list of several
+    files that all give one class, the sign of a path layout the parser cannot read."""
     if not list_file.is_file():
         raise DatasetError(f"file list {list_file} does not exist")
     paths: list[str] = []
     wnids: list[str] = []
-    for line in list_file.read_text().splitlines():
+    for number, line in enumerate(list_file.read_text().splitlines(), start=1):
         if line := line.strip():
+            try:
+                wnids.append(parse_wnid(line))
+            except DatasetError as error:
+                raise DatasetError(f"{list_file}, line {number}: {error}") from None
             paths.append(str(root / line))
-            wnids.append(parse_wnid(line))
     if not paths:
         raise DatasetError(f"file list {list_file} is empty")
+    if len(paths) > 1 and len(set(wnids)) == 1:
+        raise DatasetError(
+            f"{list_file}: all {len(paths)} files give the one class {wnids[0]} (first line: "
+            f"{Path(paths[0]).relative_to(root)}); a class per folder (train/n01440764/...) "
+            f"or per file name prefix is expected"
+        )
     return paths, wnids
 
 
@@ -245,9 +136,6 @@ def make_split(name: str, paths: Sequence[str], labels: Sequence[int], root: Pat
         str(root),
         stat_files(paths),
     )
-
-
-Scanned = tuple["DatasetIndex", dict[str, int]]  # the index, and the paths that date it
 
 
 def scan_image_folders(root: Path) -> Scanned:
@@ -300,8 +188,6 @@ def discover(cfg: DictConfig) -> DatasetIndex:
     if cfg.get("index_dir") is None:
         index = scan()[0]
     else:
-        from loaderbench.dataset_index import indexed
-
         index = indexed(root, lists, resolve_path(cfg.index_dir), scan, rescan=cfg.rescan)
     limit = cfg.get("max_images")
     return DatasetIndex(

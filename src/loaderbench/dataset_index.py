@@ -25,8 +25,8 @@ from pathlib import Path
 import numpy as np
 import psutil
 
-from loaderbench.data import DatasetIndex, PathTable, Scanned, Split
 from loaderbench.locking import FileLock, atomic_write
+from loaderbench.splits import DatasetIndex, PathTable, Scanned, Split
 
 log = logging.getLogger(__name__)
 

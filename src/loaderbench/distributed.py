@@ -105,6 +105,30 @@ def all_reduce(values: list[float], op: str = "sum") -> list[float]:
     return tensor.tolist()
 
 
+def barrier() -> None:
+    """Wait for every rank (nothing in a single process)."""
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def broadcast_from_main(tensors: list[torch.Tensor]) -> None:
+    """Every rank's ``tensors`` become rank 0's, in place (nothing in a single process)."""
+    if not dist.is_initialized():
+        return
+    with torch.no_grad():
+        for tensor in tensors:
+            dist.broadcast(tensor, src=0)
+
+
+def gather_objects(value: Any) -> list[Any]:
+    """Every rank's ``value`` (picklable), in rank order; ``[value]`` in a single process."""
+    if not dist.is_initialized():
+        return [value]
+    values: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(values, value)
+    return values
+
+
 def reduce_loop_metrics(metrics: dict[str, Any], world_size: int) -> dict[str, Any]:
     """Throughput and images add up over ranks; CPU and memory too; start-up takes the slowest
     rank; shares are averaged."""

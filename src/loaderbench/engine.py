@@ -9,7 +9,7 @@ copy and decode could not overlap the current step.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -47,8 +47,11 @@ class TrainStep:
     grad_clip: float | None = None
 
     def __call__(self, batch: Batch) -> torch.Tensor:
-        with self.precision.autocast(self.device):
-            loss = self.criterion(self.model(batch.images), batch.labels)
+        if len(batch.labels):
+            with self.precision.autocast(self.device):
+                loss = self.criterion(self.model(batch.images), batch.labels)
+        else:
+            loss = self.no_contribution(batch.images)
         self.optimizer.zero_grad(set_to_none=True)
         self.scaler.scale(loss).backward()
         if self.grad_clip:
@@ -58,6 +61,19 @@ class TrainStep:
         self.scaler.update()
         self.scheduler.step()
         return loss.detach()
+
+    def no_contribution(self, images: torch.Tensor) -> torch.Tensor:
+        """The loss of a step without images (a rank whose batch was all unreadable files):
+        zero, through one forward of a blank image so that a data-parallel rank still joins
+        the step's collectives (DDP's buffer broadcast, the gradient all-reduce) with zero
+        gradients. In eval mode, so no BatchNorm statistic and no dropout stream moves."""
+        blank = images.new_zeros((1, *images.shape[1:]))
+        self.model.eval()
+        try:
+            with self.precision.autocast(self.device):
+                return self.model(blank).float().sum() * 0.0
+        finally:
+            self.model.train()
 
 
 def read_scalar(value: torch.Tensor) -> float:
@@ -75,6 +91,27 @@ class StepLog:
     loss: float
 
 
+def blank_batch(image_size: int, device: torch.device) -> Batch:
+    """A batch of no images: a step that contributes nothing (``TrainStep.no_contribution``)."""
+    return Batch(
+        torch.empty((0, 3, image_size, image_size), dtype=torch.uint8, device=device),
+        torch.empty((0,), dtype=torch.int64, device=device),
+    )
+
+
+def exactly(batches: Iterable[Batch], steps: int, blank: Batch) -> Iterator[Batch]:
+    """``batches``, then ``blank`` until there were ``steps``. A loader leaves out a batch
+    whose files were all unreadable; in a data-parallel job that rank would take a step
+    fewer and leave the others waiting in the last step's all-reduce, so it makes up the
+    count with steps of no images (a zero contribution, at the epoch's end)."""
+    taken = 0
+    for batch in batches:
+        taken += 1
+        yield batch
+    for _ in range(steps - taken):
+        yield blank
+
+
 def train_one_epoch(
     step: TrainStep,
     loader: Loader,
@@ -86,18 +123,27 @@ def train_one_epoch(
     on_log: Callable[[StepLog], None] | None = None,
     read: Callable[[torch.Tensor], float] = read_scalar,
     stop: Callable[[int], bool] | None = None,
+    epoch_loss: Average | None = None,
+    blank: Batch | None = None,
 ) -> float:
     """One pass of training; returns the epoch's mean loss. The loss is summed on the device
     and read every ``log_every`` steps (and at the end), nowhere else. ``stop(steps)``, asked
-    after every step, ends the pass early (a preemption)."""
+    after every step, ends the pass early (a preemption). ``epoch_loss``: the running mean to
+    continue (an epoch resumed part-way). ``blank``: take exactly ``max_batches`` steps,
+    ``blank`` ones where the loader delivered fewer batches (``exactly``)."""
     step.model.train()
-    epoch_loss = Average()
+    epoch_loss = Average() if epoch_loss is None else epoch_loss
     interval_sum: torch.Tensor | None = None  # on the device: sum of loss x images
     interval_images = steps = 0
+    batches: Iterable[Batch] = meter.iterate(loader, max_batches)
+    if blank is not None:
+        assert max_batches is not None, "a count of steps to make up needs max_batches"
+        batches = exactly(batches, max_batches, blank)
 
     def log_point() -> None:
         nonlocal interval_sum, interval_images
-        if interval_sum is None:
+        if interval_sum is None or not interval_images:  # no step, or only blank ones
+            interval_sum, interval_images = None, 0
             return
         mean = read(interval_sum) / interval_images
         epoch_loss.update(mean, interval_images)
@@ -107,7 +153,7 @@ def train_one_epoch(
         interval_sum, interval_images = None, 0
 
     with progress(loader, desc) as bar:
-        for batch in meter.iterate(loader, max_batches):
+        for batch in batches:
             loss = step(batch)
             n = batch.labels.shape[0]
             weighted = loss.float() * n

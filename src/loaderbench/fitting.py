@@ -3,12 +3,14 @@ checkpointing after every epoch. ``fit`` yields each epoch's numbers; the task r
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
 
+import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
@@ -21,9 +23,17 @@ from loaderbench.checkpoint import (
     save_checkpoint,
     set_rng_state,
 )
-from loaderbench.engine import EvalCounts, StepLog, TrainStep, evaluate, train_one_epoch
+from loaderbench.data import Split
+from loaderbench.engine import (
+    EvalCounts,
+    StepLog,
+    TrainStep,
+    blank_batch,
+    evaluate,
+    train_one_epoch,
+)
 from loaderbench.loaders import Loader
-from loaderbench.meters import CpuWindow, IntervalRates, LoopMeter
+from loaderbench.meters import Average, CpuWindow, IntervalRates, LoopMeter
 from loaderbench.models import maybe_compile
 from loaderbench.optim import build_optimizer, build_scheduler
 from loaderbench.session import Session
@@ -88,47 +98,108 @@ def resume_from(session: Session) -> Path | None:
     return session.resumable.path if session.resumable else None
 
 
-def resume(session: Session, training: Training, path: Path) -> tuple[int, int]:
-    """Load a checkpoint into the training state; returns (epoch, batch) to continue from."""
+@dataclass
+class Start:
+    """Where a run starts: after ``epoch`` epochs and ``batches`` batches of the next, whose
+    loss so far (this rank's) ``epoch_loss`` holds."""
+
+    epoch: int = 0
+    batches: int = 0
+    epoch_loss: Average = field(default_factory=Average)
+
+
+# Config keys a resumed run must keep: they fix the schedule's steps per epoch, each epoch's
+# order and crops, and what the saved batch offset means.
+KEPT_KEYS = ("seed", "image_size", "loader.batch_size", "bench.max_batches")
+
+
+def train_set_signature(split: Split) -> dict[str, Any]:
+    """What the epoch order depends on besides the seed: the train set's size and its labels
+    in order (not its location, so a copy of the data set on node-local disk resumes)."""
+    labels = np.asarray(split.labels, dtype=np.int64)
+    return {"images": len(split), "labels_sha1": hashlib.sha1(labels.tobytes()).hexdigest()}
+
+
+def check_resumable(session: Session, state: dict[str, Any], path: Path) -> None:
+    """Refuse a resume that would not continue the same run, naming what changed."""
     cfg = session.cfg
-    state = load_checkpoint(path, map_location=session.device)
     if list(state["classes"]) != list(session.dataset.classes):
         raise ValueError(f"checkpoint {path} was trained on other classes")
-    for key in ("image_size", "seed"):
-        if state["config"][key] != cfg[key]:
+    trained = OmegaConf.create(state["config"])
+    for key in KEPT_KEYS:
+        ours, theirs = OmegaConf.select(cfg, key), OmegaConf.select(trained, key)
+        if ours != theirs:
             raise ValueError(
-                f"{key}={cfg[key]} but checkpoint {path} was trained with "
-                f"{state['config'][key]}; a resumed run must keep it"
+                f"{key}={ours} but checkpoint {path} was trained with {key}={theirs}; "
+                "a resumed run must keep it"
             )
-    training.model.load_state_dict(state["model"])
-    training.optimizer.load_state_dict(state["optimizer"])
-    training.scheduler.load_state_dict(state["scheduler"])
-    set_rng_state(state["rng"])
-    epoch, batches = int(state["epoch"]), int(state.get("batches", 0))
+    ranks = state.get("world_size", session.dist.world_size)
+    if ranks != session.dist.world_size:
+        raise ValueError(
+            f"world size (WORLD_SIZE) {session.dist.world_size} but checkpoint {path} was "
+            f"trained by {ranks} ranks: each rank's share of an epoch and the saved batch "
+            f"offset would change; resume with {ranks} processes (torchrun "
+            "--nproc_per_node/--nnodes, SLURM tasks)"
+        )
+    signature = train_set_signature(session.dataset.train)
+    saved = state.get("train_set", signature)
+    if saved != signature:
+        raise ValueError(
+            f"dataset: the train set ({signature['images']} images) is not the one checkpoint "
+            f"{path} was trained on ({saved['images']} images, or other labels in another "
+            "order): the epoch order would change; resume on the same dataset.root, "
+            "dataset.max_images and file list"
+        )
+
+
+def resume(session: Session, training: Training, path: Path) -> Start:
+    """Load a checkpoint into the training state (this rank's random streams and running
+    loss included); returns where to continue from."""
+    cfg = session.cfg
+    state = load_checkpoint(path, map_location=session.device)
+    check_resumable(session, state, path)
+    load_training_state(training, state)
+    # Format 1 kept rank 0's random state alone.
+    ranks = state.get("ranks") or [{"rng": state["rng"]}] * session.dist.world_size
+    mine = ranks[session.dist.rank]
+    set_rng_state(mine["rng"])
+    epoch_loss = Average()
+    epoch_loss.total, epoch_loss.count = mine.get("epoch_loss", (0.0, 0))
+    start = Start(int(state["epoch"]), int(state.get("batches", 0)), epoch_loss)
     log.info(
         "resuming from %s after %d epochs%s, to %d",
         path,
-        epoch,
-        f" and {batches} batches" if batches else "",
+        start.epoch,
+        f" and {start.batches} batches" if start.batches else "",
         cfg.epochs,
     )
-    return epoch, batches
+    return start
 
 
 class PreemptionCheck:
-    """Whether the training loop stops after this step for a preemption or a time limit: at
-    once in one process; at a log point in a data-parallel job, where every rank takes the
-    same decision (one small all-reduce there, where the loop reads from the device anyway),
-    so no rank stops a step before the others and leaves them in a collective."""
+    """Whether the training loop stops after this step for a preemption or a time limit.
+
+    In one process: after the step under way. In a data-parallel job every rank must take the
+    same decision at the same step, or one would stop while the others wait for it in the
+    next step's all-reduce: the ranks agree in one small all-reduce (of the flag, its maximum)
+    at each log point (every ``every`` steps of an epoch, where the loop reads from the device
+    anyway) and at the epoch's last step. A stop comes at most ``every`` steps after the
+    signal, or at the end of the epoch under way if that is sooner (a signal that arrives
+    during validation: in the next epoch, by the same bound).
+    """
 
     def __init__(self, world_size: int, every: int) -> None:
         self.world_size = world_size
         self.every = every
+        self.last = 0  # the steps of the pass under way (its last step is a check)
         self.stopped_at: int | None = None
+
+    def start_pass(self, steps: int) -> None:
+        self.last = steps
 
     def __call__(self, steps: int) -> bool:
         if self.world_size > 1:
-            if steps % self.every:
+            if steps % self.every and steps != self.last:
                 return False
             (flag,) = distributed.all_reduce([float(preemption_requested())], op="max")
             stop = flag > 0
@@ -205,31 +276,71 @@ def train_curve(
     return on_log
 
 
+def training_state(training: Training) -> dict[str, Any]:
+    """What the checkpoint keeps of the training state: the model (rank 0's BatchNorm
+    statistics, which every rank validates with), optimizer, schedule and the fp16
+    GradScaler's scale and growth tracker (empty without one)."""
+    return {
+        "model": training.model.state_dict(),
+        "optimizer": training.optimizer.state_dict(),
+        "scheduler": training.scheduler.state_dict(),
+        "scaler": training.step.scaler.state_dict(),
+    }
+
+
+def load_training_state(training: Training, state: dict[str, Any]) -> None:
+    """Undo ``training_state``. A GradScaler starts afresh only where the checkpoint had none
+    (trained in another precision)."""
+    training.model.load_state_dict(state["model"])
+    training.optimizer.load_state_dict(state["optimizer"])
+    training.scheduler.load_state_dict(state["scheduler"])
+    if state.get("scaler") and training.step.scaler.is_enabled():
+        training.step.scaler.load_state_dict(state["scaler"])
+
+
+def rank_state(epoch_loss: Average) -> dict[str, Any]:
+    """What differs per rank and a resume needs: the random streams and the running loss."""
+    return {"rng": rng_state(), "epoch_loss": (epoch_loss.total, epoch_loss.count)}
+
+
 def save_training(
-    session: Session, training: Training, epoch: int, metrics: dict, batches: int = 0
+    session: Session,
+    training: Training,
+    epoch: int,
+    metrics: dict,
+    batches: int = 0,
+    epoch_loss: Average | None = None,
 ) -> None:
-    """The checkpoint after ``epoch`` epochs and ``batches`` more (rank 0; atomic)."""
+    """The checkpoint after ``epoch`` epochs and ``batches`` more (every rank calls it: each
+    hands over its own state; rank 0 writes, atomically)."""
+    ranks = distributed.gather_objects(rank_state(epoch_loss or Average()))
+    if not session.dist.is_main:
+        return
     save_checkpoint(
         session.run_dir / CHECKPOINT_FILE,
         {
-            "model": training.model.state_dict(),
-            "optimizer": training.optimizer.state_dict(),
-            "scheduler": training.scheduler.state_dict(),
+            **training_state(training),
             "epoch": epoch,
             "batches": batches,
             "requeues": session.metrics.get("requeues", 0) + (1 if batches else 0),
             "wandb_run_id": session.logger.run_id,
             "config": OmegaConf.to_container(session.cfg, resolve=True),
             "classes": list(session.dataset.classes),
+            "world_size": session.dist.world_size,
+            "train_set": train_set_signature(session.dataset.train),
             "metrics": {
                 k: v for k, v in metrics.items() if isinstance(v, int | float | str) or v is None
             },
-            "rng": rng_state(),
+            "ranks": ranks,
         },
     )
 
 
-def log_epoch(session: Session, epoch: int, result: dict[str, Any], lr: float) -> None:
+def log_epoch(
+    session: Session, epoch: int, result: dict[str, Any], rates: dict[str, Any], lr: float
+) -> None:
+    """The epoch's row: its loss, its own throughput and data wait (``rates``, over every
+    rank; None for an epoch a resumed run found already trained), its val accuracy."""
     cfg = session.cfg
     log.info(
         "epoch %d/%d: loss %.4f, top1 %.4f, top5 %.4f, %.1f images/s, data wait %.1f%%",
@@ -238,21 +349,34 @@ def log_epoch(session: Session, epoch: int, result: dict[str, Any], lr: float) -
         result["loss"],
         result["top1"],
         result["top5"],
-        result["images_per_s"] or 0.0,
-        100 * (result["data_wait_frac"] or 0.0),
+        rates["images_per_s"] or 0.0,
+        100 * (rates["data_wait_frac"] or 0.0),
     )
     session.logger.log(
         {
             "epoch": epoch,
             "epoch/train_loss": result["loss"],
             "epoch/lr": lr,
-            "epoch/images_per_s": result["images_per_s"],
-            "epoch/data_wait_frac": result["data_wait_frac"],
+            "epoch/images_per_s": rates["images_per_s"],
+            "epoch/data_wait_frac": rates["data_wait_frac"],
             "val/top1": result["top1"],
             "val/top5": result["top5"],
             "val/loss": result["val_loss"],
         }
     )
+
+
+def steps_per_epoch(cfg: DictConfig, train_loader: Loader) -> int:
+    steps = len(train_loader)
+    return steps if cfg.bench.max_batches is None else min(steps, cfg.bench.max_batches)
+
+
+def agree_on_buffers(model: nn.Module) -> None:
+    """Every rank's BatchNorm statistics (every buffer) become rank 0's. DDP broadcasts rank
+    0's buffers at the start of each training forward, then each rank moves its own with its
+    own batch: after an epoch they differ per rank, and validation on every rank must use the
+    model the checkpoint holds (rank 0's), or the reported accuracy is not the saved model's."""
+    distributed.broadcast_from_main(list(model.buffers()))
 
 
 def fit(
@@ -261,55 +385,68 @@ def fit(
     """Train and validate epoch after epoch (resuming when asked); yields each epoch's
     metrics (the training loop's so far, the epoch's loss, val accuracy) once checkpointed."""
     cfg = session.cfg
-    steps = len(train_loader)
-    if cfg.bench.max_batches is not None:
-        steps = min(steps, cfg.bench.max_batches)
+    steps = steps_per_epoch(cfg, train_loader)
     training = start_training(session, model, steps)
     path = resume_from(session)
-    start, skip = resume(session, training, path) if path else (0, 0)
+    start = resume(session, training, path) if path else Start()
     if path:
         yield {"resumed_from": str(path.absolute())}
     meter, window = session.meter(), CpuWindow(session.monitor)
     stop = PreemptionCheck(session.dist.world_size, cfg.logger.log_every_n_steps)
-    epochs = epochs_to_run(cfg, start)
+    # Only a data-parallel job needs every rank to take as many steps.
+    blank = (
+        blank_batch(train_loader.spec.image_size, session.device) if session.dist.enabled else None
+    )
+    epochs = epochs_to_run(cfg, start.epoch)
     for epoch in epochs:
-        first = skip if epoch == start else 0  # batches of this epoch done before a requeue
-        train_loader.set_epoch(epoch, first)
-        limit = cfg.bench.max_batches and max(1, cfg.bench.max_batches - first)
-        with window:
-            loss = train_one_epoch(
-                training.step,
-                train_loader,
-                meter,
-                max_batches=limit,
-                desc=f"epoch {epoch + 1}/{cfg.epochs}",
-                log_every=cfg.logger.log_every_n_steps,
-                on_log=train_curve(session, training, meter, epoch * steps + first),
-                stop=stop,
-            )
+        resumed = epoch == start.epoch
+        first = start.batches if resumed else 0  # batches of this epoch done before a requeue
+        epoch_loss = start.epoch_loss if resumed else Average()
+        mark = (meter.batches, window.cpu_s)
+        if first < steps:  # else preempted at its last step: only its validation is left
+            train_loader.set_epoch(epoch, first)
+            stop.start_pass(steps - first)
+            with window:
+                train_one_epoch(
+                    training.step,
+                    train_loader,
+                    meter,
+                    max_batches=steps - first,
+                    desc=f"epoch {epoch + 1}/{cfg.epochs}",
+                    log_every=cfg.logger.log_every_n_steps,
+                    on_log=train_curve(session, training, meter, epoch * steps + first),
+                    stop=stop,
+                    epoch_loss=epoch_loss,
+                    blank=blank,
+                )
         if stop.stopped_at is not None:
-            preempt(session, training, epoch, first + stop.stopped_at)
+            preempt(session, training, epoch, first + stop.stopped_at, epoch_loss)
+        agree_on_buffers(training.model)
         val = validate(session, training.eval_model, val_loader, f"val {epoch + 1}/{cfg.epochs}")
-        (loss_sum,) = distributed.all_reduce([loss])
+        (loss_sum,) = distributed.all_reduce([epoch_loss.mean])
         result = {
             **session.loop_metrics(meter, window),
             "loss": loss_sum / session.dist.world_size,
             "epochs": epoch + 1,
             **val,
         }
-        log_epoch(session, epoch + 1, result, training.optimizer.param_groups[0]["lr"])
-        if session.dist.is_main:
-            save_training(session, training, epoch + 1, {**session.metrics, **result})
-            if cfg.logger.log_checkpoint and epoch + 1 == epochs.stop:
-                session.logger.log_checkpoint(session.run_dir / CHECKPOINT_FILE, epoch + 1)
+        rates = session.loop_metrics(meter, window, since=mark)
+        lr = training.optimizer.param_groups[0]["lr"]
+        log_epoch(session, epoch + 1, result, rates, lr)
+        save_training(session, training, epoch + 1, {**session.metrics, **result})
+        if session.dist.is_main and cfg.logger.log_checkpoint and epoch + 1 == epochs.stop:
+            session.logger.log_checkpoint(session.run_dir / CHECKPOINT_FILE, epoch + 1)
         yield result
 
 
-def preempt(session: Session, training: Training, epoch: int, batches: int) -> NoReturn:
+def preempt(
+    session: Session, training: Training, epoch: int, batches: int, epoch_loss: Average
+) -> NoReturn:
     """Save the state after ``batches`` batches of ``epoch`` and stop the run (``Preempted``);
-    the requeued job continues from there."""
-    if session.dist.is_main:
-        save_training(session, training, epoch, session.metrics, batches=batches)
+    the requeued job continues from there. No rank leaves before the checkpoint is in place
+    (torchrun stops every rank as soon as one exits)."""
+    save_training(session, training, epoch, session.metrics, batches, epoch_loss)
+    distributed.barrier()
     log.warning(
         "preempted (SIGUSR2) after %d batches of epoch %d: checkpoint written, requeueing",
         batches,

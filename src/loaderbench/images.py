@@ -23,6 +23,7 @@ worker process is forked, so workers inherit it).
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 from typing import BinaryIO, NamedTuple
 
 import numpy as np
@@ -90,16 +91,34 @@ def to_rgb(image: Image.Image) -> Image.Image:
 
 def load_rgb(path: str) -> Image.Image:
     """Decode an image file with PIL into RGB: size checked, any colour mode, no EXIF rotation."""
+    return read_rgb(path)[0]
+
+
+Shrink = Callable[[int, int], tuple[int, int]]  # (width, height) -> the size it is shrunk to
+
+
+def read_rgb(path: str, shrink: Shrink | None = None) -> tuple[Image.Image, tuple[int, int]]:
+    """``load_rgb``, and the (width, height) the image is to be shrunk to (``shrink`` of its
+    size; its own size without one). A JPEG is then decoded at the smallest of 1/1, 1/2, 1/4,
+    1/8 scale still at least that (``Image.draft``: the DCT does the power-of-two part): the
+    only difference from ``load_rgb``, which the memmap build relies on to admit and refuse
+    exactly the files the other loaders do."""
     with open(path, "rb") as f:
         image = open_checked(f, path)
+        size = image.size
+        if shrink is not None and image.format == "JPEG":
+            target = shrink(*size)
+            if target != size:
+                image.draft("RGB", target)
         image.load()
-    return to_rgb(image)
+    return to_rgb(image), shrink(*size) if shrink is not None else size
 
 
 class JpegHeader(NamedTuple):
     width: int
     height: int
     orientation: int | None  # the EXIF orientation tag (1 = as stored), None without one
+    components: int = 3  # colour components: 1 grey, 3 YCbCr/RGB, 4 CMYK or YCCK (Adobe)
 
 
 def _exif_orientation(exif: bytes | memoryview) -> int | None:
@@ -149,9 +168,41 @@ def jpeg_header(data: bytes | memoryview) -> JpegHeader | None:
                 return None
             height = (data[i + 5] << 8) | data[i + 6]
             width = (data[i + 7] << 8) | data[i + 8]
-            return JpegHeader(width, height, orientation)
+            components = data[i + 9] if i + 10 <= n else 0
+            return JpegHeader(width, height, orientation, components)
         i += 2 + length
     return None
+
+
+# Bytes searched at a JPEG's end for its end-of-image marker: what follows it (a camera's
+# trailer) is rarely longer; where it is, PIL decides.
+JPEG_TAIL_SCAN = 64 * 1024
+
+
+def jpeg_ends(tail: bytes) -> bool:
+    """Whether a JPEG's last ``JPEG_TAIL_SCAN`` bytes hold an end-of-image marker after its
+    last scan. Pillow refuses a JPEG cut anywhere before that marker ("image file is
+    truncated", even one byte short); FFmpeg decodes one cut 100 bytes short with no error, so
+    such files go to PIL for its verdict. Entropy-coded data never holds 0xFF 0xD9."""
+    return tail.rfind(b"\xff\xd9") > tail.rfind(b"\xff\xda")
+
+
+def fast_decodable(header: JpegHeader | None) -> bool:
+    """Whether a fast JPEG decoder (libjpeg-turbo through any backend, FFmpeg, nvJPEG) may take
+    a JPEG with this header, else PIL (``load_rgb``) decodes it, as the torchvision loader does.
+
+    Not without a frame header or a size (a height defined later, DNL), nor with an EXIF
+    orientation (TorchCodec would apply it; no loader does), nor with 4 components: Adobe CMYK
+    and YCCK, whose conversion to RGB is Pillow's own (FFmpeg hands YCCK's channels back
+    unconverted, with no error: 86 grey levels off; nvImageCodec's YCCK is a level off).
+    """
+    return (
+        header is not None
+        and header.width > 0
+        and header.height > 0
+        and header.orientation in (None, 1)
+        and header.components in (1, 3)
+    )
 
 
 __all__ = [
@@ -159,10 +210,13 @@ __all__ = [
     "ImageTooLarge",
     "JpegHeader",
     "check_size",
+    "fast_decodable",
+    "jpeg_ends",
     "jpeg_header",
     "load_rgb",
     "max_pixels",
     "open_checked",
+    "read_rgb",
     "set_max_pixels",
     "to_rgb",
 ]

@@ -102,21 +102,23 @@ class LoopMeter:
     def batches(self) -> int:
         return len(self.intervals)
 
-    def summary(self) -> dict[str, float | int | None]:
+    def summary(self, since: int = 0) -> dict[str, float | int | None]:
+        """The loop's numbers from its batch ``since`` on (an epoch's: ``since`` is
+        ``batches`` at the epoch's start); the warm-up batches count in none of them."""
         n = len(self.intervals)
         # Too few batches for the warm-up: measure what there is, rather than nothing.
-        skip = min(self.warmup_batches, max(n - 1, 0))
+        skip = max(since, min(self.warmup_batches, max(n - 1, 0)))
         steady_time = sum(self.intervals[skip:])
         steady_images = sum(self.sizes[skip:n])
         steady_wait = sum(self.waits[skip:n])
         return {
-            "images": self.images,
-            "batches": n,
+            "images": sum(self.sizes[since:n]),
+            "batches": n - since,
             "images_per_s": steady_images / steady_time if steady_time > 0 else None,
             "ttfb_s": self.ttfb_s,
             "data_wait_frac": steady_wait / steady_time if steady_time > 0 else None,
-            "loop_s": sum(self.intervals),
-            "measured_batches": n - skip,
+            "loop_s": sum(self.intervals[since:]),
+            "measured_batches": max(n - skip, 0),
         }
 
 
@@ -257,9 +259,10 @@ class CpuWindow:
         self._start = None
 
 
-def loop_metrics(meter: LoopMeter, cpu_s: float) -> dict[str, Any]:
-    """A loop's throughput, start-up, data wait and CPU cost, as metrics.json names them."""
-    summary = meter.summary()
+def loop_metrics(meter: LoopMeter, cpu_s: float, since: int = 0) -> dict[str, Any]:
+    """A loop's throughput, start-up, data wait and CPU cost, as metrics.json names them
+    (from its batch ``since`` on: an epoch's)."""
+    summary = meter.summary(since)
     images = summary["images"]
     return {
         "images": images,

@@ -136,11 +136,19 @@ class Session:
     def end_eval(self, meter: LoopMeter) -> None:
         self.eval_steps += meter.batches
 
-    def loop_metrics(self, meter: LoopMeter, window: CpuWindow) -> dict[str, Any]:
-        """A loop's numbers over every rank (images and throughput summed)."""
-        return distributed.reduce_loop_metrics(
-            loop_metrics(meter, window.cpu_s), self.dist.world_size
+    def loop_metrics(
+        self, meter: LoopMeter, window: CpuWindow, since: tuple[int, float] = (0, 0.0)
+    ) -> dict[str, Any]:
+        """A loop's numbers over every rank (images and throughput summed); ``since``: from
+        that (``meter.batches``, ``window.cpu_s``) on, an epoch's (rates None where it had
+        no batch)."""
+        batches, cpu_s = since
+        metrics = distributed.reduce_loop_metrics(
+            loop_metrics(meter, window.cpu_s - cpu_s, since=batches), self.dist.world_size
         )
+        if not metrics["images"]:
+            metrics.update(images_per_s=None, data_wait_frac=None)
+        return metrics
 
     @contextmanager
     def keep_partial(self, meter: LoopMeter, window: CpuWindow) -> Iterator[None]:
@@ -159,7 +167,9 @@ class Session:
 
 def start_process(cfg: DictConfig, info: DistInfo) -> tuple[torch.device, Precision]:
     """Seeds, this rank's device and process group, the log level, the pixel limit."""
-    seed_everything(cfg.seed)
+    # Each rank its own random streams (dropout, drop-path), as timm's train.py does; the
+    # model's initial weights are rank 0's anyway (DDP broadcasts them).
+    seed_everything(cfg.seed + info.rank)
     device = resolve_device(cfg.device, info.local_rank if info.enabled else None)
     distributed.init(info, device)
     if not info.is_main:  # one rank speaks for the job
@@ -403,8 +413,19 @@ def _finish(
         metrics["pinned_host_peak_mb"] = pinned_host_peak_bytes() / 2**20
     if info.is_main:
         write_metrics(run_dir, metrics)
-    distributed.shutdown(failed=metrics["status"] != "ok")
+    if metrics["status"] == "preempted":
+        # Every rank stopped at the same step. They leave together once rank 0's records are
+        # written: torchrun stops every rank as soon as one exits with an error.
+        _finish_logger(session, metrics)
+        distributed.barrier()
+        distributed.shutdown()
+    else:
+        distributed.shutdown(failed=metrics["status"] != "ok")
+        _finish_logger(session, metrics)
+    log.info("metrics: %s", json.dumps(metrics, sort_keys=True))
+
+
+def _finish_logger(session: Session | None, metrics: dict[str, Any]) -> None:
     if session is not None:
         session.logger.summary({k: v for k, v in metrics.items() if v is not None})
         session.logger.finish(exit_code=0 if metrics["status"] == "ok" else 1)
-    log.info("metrics: %s", json.dumps(metrics, sort_keys=True))

@@ -14,8 +14,9 @@ All outputs are uint8 CHW / NCHW; normalisation happens on the device, in the mo
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
+import numpy as np
 import torch
 from torchvision.transforms import v2
 
@@ -67,9 +68,10 @@ def augmentation_draws(seed: int, epoch: int, indices: Sequence[int]) -> torch.T
     width = DRAWS_PER_ATTEMPT * RRC_ATTEMPTS + 3  # + top, left, flip
     draws = torch.empty((len(indices), width), dtype=torch.float64)
     generator = torch.Generator()
-    for row, index in enumerate(indices):
+    # unbind: the rows' views in one call (indexing a row costs as much as seeding it).
+    for row, index in zip(draws.unbind(0), indices, strict=True):
         generator.manual_seed(augmentation_seed(seed, epoch, index))
-        draws[row].uniform_(generator=generator)
+        row.uniform_(generator=generator)
     return draws
 
 
@@ -86,42 +88,52 @@ def random_crops(
     The distribution of torchvision's ``RandomResizedCrop.get_params`` (area fraction uniform in
     ``scale``, log-aspect uniform in ``ratio``, up to ten tries, then the central crop clamped
     to ``ratio``) and ``RandomHorizontalFlip``.
+
+    In numpy float64 (a batch's ~40 small ops cost a tenth of torch's dispatch, ~8 us an image
+    at batch 32): every op is IEEE-exact and rounds half to even in both libraries, so the boxes
+    are torch's to the bit. Only ``exp`` is not exact; it stays torch's own kernel, on the same
+    contiguous (N, attempts) block as ever.
     """
-    heights = heights.to(torch.float64)
-    widths = widths.to(torch.float64)
-    n, attempts = heights.shape[0], RRC_ATTEMPTS
-    area = (heights * widths)[:, None]
-    area_draws, ratio_draws = draws[:, :attempts], draws[:, attempts : 2 * attempts]
+    # (h, w) side by side: each step below is one op for both sides.
+    sizes = np.stack([np.asarray(heights, np.float64), np.asarray(widths, np.float64)], axis=1)
+    u = draws.numpy()
+    attempts = RRC_ATTEMPTS
+    area = (sizes[:, 0] * sizes[:, 1])[:, None]
+    area_draws, ratio_draws = u[:, :attempts], u[:, attempts : 2 * attempts]
     target_area = area * (scale[0] + (scale[1] - scale[0]) * area_draws)
     low, high = math.log(ratio[0]), math.log(ratio[1])
-    aspect = torch.exp(low + (high - low) * ratio_draws)
-    w = torch.round(torch.sqrt(target_area * aspect))
-    h = torch.round(torch.sqrt(target_area / aspect))
-    ok = (w > 0) & (h > 0) & (w <= widths[:, None]) & (h <= heights[:, None])
-    first = torch.where(ok.any(dim=1), ok.to(torch.int8).argmax(dim=1), -1)
+    aspect = torch.from_numpy(low + (high - low) * ratio_draws).exp_().numpy()
+    tries = np.round(np.sqrt(np.stack([target_area / aspect, target_area * aspect], axis=2)))
+    ok = ((tries > 0) & (tries <= sizes[:, None, :])).all(axis=2)
+    found = ok.any(axis=1)
+    first = ok.argmax(axis=1)  # the first attempt that fits (0 where none does)
+    box = tries[np.arange(len(sizes)), first]
+    top_left = np.floor(u[:, -3:-1] * (sizes - box + 1))
+    if not found.all():
+        _central_fallback(sizes, box, top_left, ~found, ratio)
+    boxes = np.concatenate([top_left, box], axis=1).astype(np.int64)
+    return torch.from_numpy(boxes), torch.from_numpy(u[:, -1] < 0.5)
 
-    # Fallback: the whole image, cropped to the nearest allowed aspect ratio.
+
+def _central_fallback(
+    sizes: np.ndarray,
+    box: np.ndarray,
+    top_left: np.ndarray,
+    rows: np.ndarray,
+    ratio: tuple[float, float],
+) -> None:
+    """Where no attempt fits (``rows``), the box becomes the whole image cropped to the nearest
+    allowed aspect ratio, centred: written into ``box`` and ``top_left``, (h, w) each."""
+    heights, widths = sizes[rows, 0], sizes[rows, 1]
     in_ratio = widths / heights
-    fb_w = torch.where(
+    fb_w = np.where(
         in_ratio < ratio[0],
         widths,
-        torch.where(in_ratio > ratio[1], torch.round(heights * ratio[1]), widths),
+        np.where(in_ratio > ratio[1], np.round(heights * ratio[1]), widths),
     )
-    fb_h = torch.where(in_ratio < ratio[0], torch.round(widths / ratio[0]), heights)
-    rows = torch.arange(n)
-    pick = first.clamp(min=0)
-    found = first >= 0
-    box_w = torch.where(found, w[rows, pick], fb_w)
-    box_h = torch.where(found, h[rows, pick], fb_h)
-    u_top, u_left, u_flip = draws[:, -3], draws[:, -2], draws[:, -1]
-    top = torch.where(
-        found, torch.floor(u_top * (heights - box_h + 1)), torch.floor((heights - box_h) / 2)
-    )
-    left = torch.where(
-        found, torch.floor(u_left * (widths - box_w + 1)), torch.floor((widths - box_w) / 2)
-    )
-    boxes = torch.stack([top, left, box_h, box_w], dim=1).to(torch.int64)
-    return boxes, u_flip < 0.5
+    fb_h = np.where(in_ratio < ratio[0], np.round(widths / ratio[0]), heights)
+    box[rows] = np.stack([fb_h, fb_w], axis=1)
+    top_left[rows] = np.floor((sizes[rows] - box[rows]) / 2)
 
 
 def seeded_crops(
@@ -153,11 +165,92 @@ def resize_uint8(
         return image
     if via_float is None:
         via_float = image.device.type != "cpu" or image.dtype != torch.uint8
-    batch = image[None].float() if via_float else image[None]
+    # image_box, not image[None]: its batch stride keeps a channels-last image channels-last,
+    # and so the output, which the kernel writes twice as fast as a planar one.
+    batch = image[None].float() if via_float else image_box(image, (0, 0, *image.shape[-2:]))
     out = F.interpolate(batch, size=size, mode="bilinear", antialias=True, align_corners=False)[0]
     if out.dtype != torch.uint8:
         out = out.round_().clamp_(0, 255).to(torch.uint8)
     return out
+
+
+# torch's uint8 antialiased bilinear kernel (what F.interpolate(antialias=True) calls), through its
+# out= overload: the resized box is written straight into its place in the batch, with no
+# tensor allocated and nothing copied after. At 224 px from ImageNet-like boxes that is half the
+# cost of F.interpolate + copy (whose new tensor, laid out NCHW for a box view, is slow to write).
+_resize_aa = torch._C._nn._upsample_bilinear2d_aa
+
+
+def _box_view(
+    base: torch.Tensor,
+    offset: int,
+    channels: int,
+    strides: tuple[int, int, int],
+    box: Sequence[int],
+) -> torch.Tensor:
+    """The box ``(top, left, h, w)`` of the image at ``offset`` in ``base``'s storage, whose
+    channel, row and column strides are ``strides``, as a (1, C, h, w) view: one ``as_strided``
+    call (indexing + permute + unsqueeze cost 4x its dispatch). The batch stride spans the box,
+    so that a channels-last image's box reads as channels-last to the kernel."""
+    top, left, h, w = box
+    channel, y, x = strides
+    extent = max(channel * channels, y * h, x * w)
+    start = offset + top * y + left * x
+    return base.as_strided((1, channels, h, w), (extent, channel, y, x), start)
+
+
+def image_box(image: torch.Tensor, box: Sequence[int]) -> torch.Tensor:
+    """The box ``(top, left, h, w)`` of a CHW image (any strides) as a (1, C, h, w) view."""
+    channel, y, x = image.stride()
+    return _box_view(image, image.storage_offset(), image.shape[0], (channel, y, x), box)
+
+
+def stored_box(rows: torch.Tensor, row: int, box: Sequence[int]) -> torch.Tensor:
+    """The box ``(top, left, h, w)`` of image ``row`` of channels-last rows (N, H, W, C) as a
+    (1, C, h, w) view: nothing is copied, and over a memory map only the box's lines are read."""
+    image, y, x, channel = rows.stride()
+    offset = rows.storage_offset() + row * image
+    return _box_view(rows, offset, rows.shape[3], (channel, y, x), box)
+
+
+def resize_into(box: torch.Tensor, slot: torch.Tensor, flip: bool = False) -> None:
+    """Resize a uint8 (1, C, h, w) box on the CPU to ``slot``'s size, in place into ``slot``
+    (1, C, S, S; channels-last is the kernel's fast layout), mirrored where ``flip``: the pixels
+    of ``resize_uint8`` (then ``flip(-1)``).
+
+    The box is flipped, not the output: the filter's taps are symmetric, so a mirrored box
+    resizes to the mirrored output (to the bit: tests check it), and flipping the box costs
+    less than a flip of the output and a copy into the slot."""
+    if flip:
+        box = box.flip(-1)
+    if box.stride(1) != 1:
+        # Planar (CHW) pixels, as decoders give them: the kernel copies a box that is not
+        # contiguous to channels-last anyway, and a contiguous planar one into a channels-last
+        # slot trips its internal assert (torch 2.14).
+        box = box.contiguous(memory_format=torch.channels_last)
+    _resize_aa(box, slot.shape[-2:], False, None, None, out=slot)
+
+
+def resize_boxes_into(
+    boxes: Iterable[torch.Tensor], flips: Sequence[bool] | None, out: torch.Tensor
+) -> torch.Tensor:
+    """Each uint8 (1, C, h, w) box resized (and flipped where ``flips`` says) into its image of
+    ``out`` (N, C, S, S, on the CPU); a box at a time, so the memory besides ``out`` is one box.
+    Each resize releases the GIL; nothing else in the loop costs more than its dispatch."""
+    slots = out.split(1)
+    if flips is None:
+        for box, slot in zip(boxes, slots, strict=True):
+            resize_into(box, slot)
+    else:
+        for box, slot, flip in zip(boxes, slots, flips, strict=True):
+            resize_into(box, slot, flip)
+    return out
+
+
+def _batch_out(n: int, size: int, channels: int, device: torch.device) -> torch.Tensor:
+    """A new (n, C, size, size) uint8 batch, channels-last (the uint8 kernel's fast layout)."""
+    out = torch.empty((n, size, size, channels), dtype=torch.uint8, device=device)
+    return out.permute(0, 3, 1, 2)
 
 
 def resized_crop_images(
@@ -175,19 +268,40 @@ def resized_crop_images(
 
     One box at a time, so the memory beyond ``out`` is bounded by one box and one output image
     (in float off the CPU), whatever the batch size: a whole stored batch in float (the roi_align
-    way) is ~350 MB at 256 x 3 x 336 x 336. Each call releases the GIL on the CPU.
+    way) is ~350 MB at 256 x 3 x 336 x 336. Each call releases the GIL on the CPU, where each box
+    is resized straight into ``out`` (``resize_boxes_into``).
     """
     n, channels = len(images), images[0].shape[0] if len(images) else 3
     if out is None:
-        device = images[0].device if n else torch.device("cpu")
-        out = torch.empty((n, size, size, channels), dtype=torch.uint8, device=device)
-        out = out.permute(0, 3, 1, 2)
-    flip_list = [False] * n if flips is None else flips.tolist()
-    for i, (top, left, h, w) in enumerate(boxes.tolist()):
+        out = _batch_out(n, size, channels, images[0].device if n else torch.device("cpu"))
+    flip_list = None if flips is None else flips.tolist()
+    box_list = boxes.tolist()
+    in_place = out.device.type == "cpu" and not via_float
+    if in_place and all(image.dtype == torch.uint8 for image in images):
+        views = (image_box(image, box) for image, box in zip(images, box_list, strict=True))
+        return resize_boxes_into(views, flip_list, out)
+    for i, (top, left, h, w) in enumerate(box_list):
         crop = images[i][:, top : top + h, left : left + w]
         resized = resize_uint8(crop, (size, size), via_float=via_float)
-        out[i].copy_(resized.flip(-1) if flip_list[i] else resized)
+        out[i].copy_(resized.flip(-1) if flip_list and flip_list[i] else resized)
     return out
+
+
+def crop_resize_flip_rows(
+    rows: torch.Tensor,
+    indices: Sequence[int],
+    boxes: torch.Tensor,
+    size: int,
+    flips: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The boxes of images ``indices`` of channels-last stored rows (N, H, W, C: a memory map,
+    on the CPU) resized (and flipped) into ``out`` (n, C, size, size): cut straight from the
+    rows, so only the boxes' lines are read and no row is gathered first."""
+    if out is None:
+        out = _batch_out(len(indices), size, rows.shape[3], rows.device)
+    views = (stored_box(rows, row, box) for row, box in zip(indices, boxes.tolist(), strict=True))
+    return resize_boxes_into(views, None if flips is None else flips.tolist(), out)
 
 
 def crop_resize_flip_batch(

@@ -6,7 +6,7 @@ file, decode, resize the short side, crop the centre) on one thread:
 
 * ``pil``: PIL (libjpeg-turbo inside) + torchvision's per-image val transform, what the
   torchvision loader's workers do;
-* ``turbo``: libjpeg-turbo (``loaderbench.jpeg``: TorchCodec, or torchvision.io) + a uint8
+* ``turbo``: libjpeg-turbo (``loaderbench.decode``'s CPU backend) + a uint8
   antialiased resize (the spdl loader's default decoder);
 * ``ffmpeg``: FFmpeg through ``spdl.io`` with a filter graph (the spdl loader's ``ffmpeg``).
 
@@ -41,7 +41,10 @@ from typing import Any
 
 import torch
 
+from loaderbench.transforms import RRC_SCALE
+
 DecodeFn = Callable[[str], torch.Tensor]
+CPU = torch.device("cpu")
 
 
 @dataclass(frozen=True)
@@ -69,6 +72,10 @@ class DecodeLimit:
     rates: tuple[DecodeRate, ...]
     # The best candidate on ``cores`` threads of a plain pool (None: not measured).
     pool: DecodeRate | None = None
+    job: str = "val decode + resize"  # what each candidate does for one image
+    title: str = "CPU decode limit"
+    # The crop limit's best way without the flips (the resize alone), single-thread.
+    without_flips: DecodeRate | None = None
 
     @property
     def best(self) -> DecodeRate:
@@ -105,12 +112,14 @@ class DecodeLimit:
             return {**asdict(r), "images_per_s": per_s, "images_per_cpu_s": per_cpu_s}
 
         return {
+            "job": self.job,
             "cores": self.cores,
             "image_size": self.image_size,
             "best": self.best.name,
             "limit_images_per_s": self.images_per_s,
             "rates": [rate(r) for r in self.rates],
             "pool": None if self.pool is None else rate(self.pool),
+            **({} if self.without_flips is None else {"without_flips": rate(self.without_flips)}),
         }
 
 
@@ -219,6 +228,12 @@ def measure_decode_limit(
     if not paths:
         raise ValueError("measure_decode_limit needs at least one image path")
     fns = {name: fn for name, fn in candidates(image_size).items() if only is None or name in only}
+    return _measure(fns, paths, image_size, repeats, pool)
+
+
+def _measure(
+    fns: dict[str, DecodeFn], paths: Sequence[str], image_size: int, repeats: int, pool: bool
+) -> DecodeLimit:
     rates = []
     for name, fn in fns.items():
         wall, cpu = time_single_thread(fn, paths, repeats)
@@ -231,15 +246,182 @@ def measure_decode_limit(
     return replace(limit, pool=DecodeRate(f"{best} x {limit.cores} threads", len(paths), wall, cpu))
 
 
+def train_candidates(
+    image_size: int,
+    paths: Sequence[str],
+    seed: int = 0,
+    epoch: int = 0,
+    scale: tuple[float, float] = RRC_SCALE,
+) -> dict[str, DecodeFn]:
+    """The train job for one file -> uint8 CHW: read it, decode its random-resized crop, resize
+    it to ``image_size`` and flip it, with the box and flip the train pipeline draws for image
+    ``i`` of ``paths`` (``seeded_crops`` of seed, epoch, i): the spdl turbo decoder's own steps,
+    decoding only the box (``turbo-region``, where the CPU's JPEG backend decodes regions) or
+    the whole image, then cutting the box (``turbo-whole``)."""
+    from loaderbench import decode
+    from loaderbench.loaders.spdl.decoders import (
+        Geometry,
+        Sample,
+        TurboDecoder,
+        apply_plan,
+        is_encoded,
+    )
+
+    decoder = TurboDecoder(Geometry(image_size, train=True, seed=seed, scale=scale), CPU)
+    index = {path: i for i, path in enumerate(paths)}
+
+    def opened_and_plan(path: str) -> tuple[Any, Any]:
+        opened = decoder.open(Sample(index=index[path], path=path, label=0, epoch=epoch))
+        return opened, decoder.geometry.plans([opened])[0]
+
+    def whole(path: str) -> torch.Tensor:
+        opened, plan = opened_and_plan(path)
+        image = decode.decode_cpu(opened.payload) if is_encoded(opened) else opened.payload
+        return apply_plan(image, plan)
+
+    fns: dict[str, DecodeFn] = {"turbo-whole": whole}
+    if decode.region_decode("cpu"):
+        fns["turbo-region"] = lambda path: decoder.finish(*opened_and_plan(path))
+    return fns
+
+
+def measure_region_decode_limit(
+    paths: Sequence[str],
+    image_size: int,
+    repeats: int = 2,
+    pool: bool = True,
+    scale: tuple[float, float] = RRC_SCALE,
+) -> DecodeLimit:
+    """The region decode limit: the train job (``train_candidates``) of the fastest candidate
+    on one thread x cores, and in a plain pool of one thread per core; the yardstick of a
+    loader that decodes its train crops per epoch (spdl, memmap's jpeg store)."""
+    if not paths:
+        raise ValueError("measure_region_decode_limit needs at least one image path")
+    fns = train_candidates(image_size, paths, scale=scale)
+    limit = _measure(fns, paths, image_size, repeats, pool)
+    return replace(limit, job="train region decode + resize", title="CPU region decode limit")
+
+
+# ---------------------------------------------------------------------------------------------
+# The crop-and-resize limit: the yardstick of memmap's raw train path, which decodes nothing;
+# its work per image is cutting the box from the stored row, resizing it and flipping it.
+
+
+@dataclass(frozen=True)
+class StoredCrops:
+    """Train images as memmap's raw store keeps them, with the boxes and flips every loader
+    draws for them (``seeded_crops`` of seed, epoch and the image's position)."""
+
+    rows: torch.Tensor  # uint8 (N, L, L, 3): each image fitted at the top left, as stored
+    boxes: list[list[int]]  # (top, left, h, w) inside each stored image
+    flips: list[bool]
+
+
+def stored_crops(
+    paths: Sequence[str],
+    image_size: int,
+    seed: int = 0,
+    epoch: int = 0,
+    scale: tuple[float, float] = RRC_SCALE,
+) -> StoredCrops:
+    """``paths`` decoded and fitted as the store's build does (at its default stored side for
+    ``image_size``), into rows in memory, with their train boxes and flips."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from loaderbench.loaders.memmap.build import StorePolicy, decode_stored
+    from loaderbench.loaders.memmap.settings import Settings
+    from loaderbench.loaders.memmap.store_raw import write_fit
+    from loaderbench.transforms import seeded_crops
+
+    defaults = Settings()
+    policy = StorePolicy.for_split(
+        True, image_size, defaults.train_store_ratio, defaults.train_store_min_side
+    )
+    rows = torch.zeros((len(paths), *policy.image_shape()), dtype=torch.uint8)
+    heights, widths = [], []
+    with ThreadPoolExecutor(usable_cores()) as pool:
+        fitted = pool.map(lambda path: decode_stored(path, policy), paths)
+        for row, pixels in zip(rows, fitted, strict=True):
+            write_fit(row, pixels)
+            heights.append(pixels.shape[0])
+            widths.append(pixels.shape[1])
+    boxes, flips = seeded_crops(heights, widths, seed, epoch, range(len(paths)), scale)
+    return StoredCrops(rows, boxes.tolist(), flips.tolist())
+
+
+def crop_candidates(
+    crops: StoredCrops, paths: Sequence[str], image_size: int, flips: bool = True
+) -> dict[str, DecodeFn]:
+    """The train job for image ``i`` of ``paths`` (its stored row i): cut its box, resize it to
+    ``image_size`` and (``flips``) flip it where drawn, per way of doing it with the same
+    antialiased filter:
+
+    * ``torch-into-batch``: the uint8 kernel writing into a slot of a reused batch (each
+      thread its own), from a view of the box: what memmap's reading threads call per image;
+    * ``torch-new-tensor``: the per-image reference, ``resize_uint8`` into a new tensor.
+
+    PIL (the same filter) would first copy the row into an image of its own; OpenCV's INTER_AREA
+    measured no faster here, and is not installed with the project.
+    """
+    from loaderbench.transforms import resize_into, resize_uint8, stored_box
+
+    index = {path: i for i, path in enumerate(paths)}
+    size = (image_size, image_size)
+    local = threading.local()
+
+    def slots() -> tuple[torch.Tensor, ...]:
+        if not hasattr(local, "slots"):  # a batch of 32 for this thread, as a loader's
+            batch = torch.empty((32, *size, crops.rows.shape[3]), dtype=torch.uint8)
+            local.slots = batch.permute(0, 3, 1, 2).split(1)
+        return local.slots
+
+    def into_batch(path: str) -> torch.Tensor:
+        i = index[path]
+        slot = slots()[i % 32]
+        resize_into(stored_box(crops.rows, i, crops.boxes[i]), slot, flips and crops.flips[i])
+        return slot
+
+    def new_tensor(path: str) -> torch.Tensor:
+        i = index[path]
+        top, left, h, w = crops.boxes[i]
+        out = resize_uint8(crops.rows[i, top : top + h, left : left + w].permute(2, 0, 1), size)
+        return out.flip(-1) if flips and crops.flips[i] else out
+
+    return {"torch-into-batch": into_batch, "torch-new-tensor": new_tensor}
+
+
+def measure_crop_limit(
+    paths: Sequence[str],
+    image_size: int,
+    repeats: int = 2,
+    pool: bool = True,
+    scale: tuple[float, float] = RRC_SCALE,
+) -> DecodeLimit:
+    """The crop-and-resize limit: the train job on stored rows (``crop_candidates``: box,
+    resize, flip) of the fastest way on one thread x cores, and in a plain pool of one thread
+    per core; the yardstick of memmap's raw train path. ``without_flips``: the best way's rate
+    without the flips (the resize alone), to show what they cost."""
+    if not paths:
+        raise ValueError("measure_crop_limit needs at least one image path")
+    crops = stored_crops(paths, image_size, scale=scale)
+    fns = crop_candidates(crops, paths, image_size)
+    limit = _measure(fns, paths, image_size, repeats, pool)
+    unflipped = crop_candidates(crops, paths, image_size, flips=False)[limit.best.name]
+    wall, cpu = time_single_thread(unflipped, paths, repeats)
+    resize_alone = DecodeRate(f"{limit.best.name}, no flips", len(paths), wall, cpu)
+    job, title = "train crop + resize + flip", "crop-and-resize limit"
+    return replace(limit, job=job, title=title, without_flips=resize_alone)
+
+
 def format_limit(limit: DecodeLimit) -> str:
-    lines = [f"single-thread val decode + resize at {limit.image_size} px:"]
+    lines = [f"single-thread {limit.job} at {limit.image_size} px:"]
     for r in sorted(limit.rates, key=lambda r: -r.images_per_s):
         lines.append(
             f"  {r.name:8s} {r.images_per_s:8.1f} images/s  "
             f"{r.images_per_cpu_s:8.1f} images per CPU s"
         )
     lines.append(
-        f"CPU decode limit: {limit.cores} cores x {limit.best.images_per_s:.1f} "
+        f"{limit.title}: {limit.cores} cores x {limit.best.images_per_s:.1f} "
         f"({limit.best.name}) = {limit.images_per_s:.1f} images/s"
     )
     if limit.pool is not None:
@@ -247,17 +429,28 @@ def format_limit(limit: DecodeLimit) -> str:
             f"plain thread pool ({limit.pool.name}): {limit.pool.images_per_s:.1f} images/s "
             f"= {limit.ratio(limit.pool.images_per_s):.1%} of the limit"
         )
+    if limit.without_flips is not None:
+        alone = limit.without_flips.images_per_s
+        lines.append(
+            f"the resize alone ({limit.without_flips.name}): {alone:.1f} images/s on one core; "
+            f"the flips cost {1 - limit.best.images_per_s / alone:.1%} of it"
+        )
     return "\n".join(lines)
+
+
+def is_raw_train(metrics: dict[str, Any]) -> bool:
+    """A train run of memmap's raw store: held to the crop-and-resize limit."""
+    return metrics.get("task") == "train" and metrics.get("loader_train_cache_store") == "raw"
 
 
 def format_ratio(limit: DecodeLimit, metrics: dict[str, Any], label: str) -> str:
     ips, cpu = metrics.get("images_per_s") or 0.0, metrics.get("cpu_s_per_1k_images") or 0.0
     pool = limit.pool_ratio(ips)
     return (
-        f"{label}: {ips:.1f} images/s = {limit.ratio(ips):.1%} of the CPU decode limit"
+        f"{label}: {ips:.1f} images/s = {limit.ratio(ips):.1%} of the {limit.title}"
         + (f" and {pool:.1%} of the plain thread pool" if pool is not None else "")
         + f"; {1000 / cpu if cpu else 0:.1f} images per CPU s = {limit.efficiency(cpu):.1%} "
-        f"of the best single-thread decode"
+        f"of the best single-thread {limit.job}"
     )
 
 
@@ -295,21 +488,35 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--images", type=int, default=None, help="default: the whole split")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--json", type=Path, help="also write the figures here")
+    parser.add_argument("--train-split", default="train", help="for the region decode limit")
+    parser.add_argument(
+        "--crop-images", type=int, default=512, help="train images for the crop limit"
+    )
     args = parser.parse_args(argv)
     paths = _default_paths(args.root, args.split, args.images)
     limit = measure_decode_limit(paths, args.image_size, args.repeats)
     print(format_limit(limit))
-    report: dict[str, Any] = {"limit": limit.as_dict(), "runs": {}}
+    train_paths = _default_paths(args.root, args.train_split, args.images)
+    region = measure_region_decode_limit(train_paths, args.image_size, args.repeats)
+    print(format_limit(region))
+    crop_paths = _default_paths(args.root, args.train_split, args.crop_images)
+    crop = measure_crop_limit(crop_paths, args.image_size, args.repeats)
+    print(format_limit(crop))
+    report: dict[str, Any] = {"limit": limit.as_dict(), "region_limit": region.as_dict()}
+    report |= {"crop_limit": crop.as_dict(), "runs": {}}
     for path in args.metrics:
         metrics = json.loads(path.read_text())
         label = run_label(path, metrics)
-        print(format_ratio(limit, metrics, f"{label} ({path})"))
+        # A raw store's train run decodes nothing: its work is the crop and resize.
+        applies = crop if is_raw_train(metrics) else limit
+        print(format_ratio(applies, metrics, f"{label} ({path})"))
         ips = metrics.get("images_per_s") or 0.0
         report["runs"][str(path)] = {
             "images_per_s": ips,
-            "limit_ratio": limit.ratio(ips),
-            "pool_ratio": limit.pool_ratio(ips),
-            "cpu_efficiency": limit.efficiency(metrics.get("cpu_s_per_1k_images") or 0.0),
+            "limit": applies.title,
+            "limit_ratio": applies.ratio(ips),
+            "pool_ratio": applies.pool_ratio(ips),
+            "cpu_efficiency": applies.efficiency(metrics.get("cpu_s_per_1k_images") or 0.0),
         }
     if args.json:
         args.json.write_text(json.dumps(report, indent=2) + "\n")

@@ -3,14 +3,17 @@
 It runs, one after another so nothing competes for the cores:
 
 1. the limits that give the numbers a meaning: this machine's CPU decode limit (cores x the
-   single-core rate of the fastest JPEG decode + resize, ``loaderbench.bench.limits``) and its
+   single-core rate of the fastest JPEG decode + resize, ``loaderbench.bench.limits``), its
    memory-copy bandwidth (what a reader of uint8 images from RAM, the memmap loader, cannot
-   beat);
+   beat) and its crop-and-resize limit (cores x the single-core rate of cutting, resizing and
+   flipping the train boxes from stored rows: what memmap's raw train path cannot beat);
 2. the project's loaders with ``model=none`` (the loader benchmark), val and train pipelines,
    over a worker sweep: real ``eval.py`` / ``train.py --multirun`` runs, so the numbers are the
    ones users get;
 3. the peers: the classic torchvision float pipeline (the tensordict tutorial's "regular"
-   loader) and the tutorial's tensorclass loader, timed with the same meter on the same files.
+   loader), the tutorial's tensorclass loader, and where they are installed NVIDIA DALI and
+   FFCV (its raw and jpg stores, ``loaderbench.bench.ffcv``), timed with the same meter on the
+   same files.
 
 It writes ``bench/report.md`` and ``bench/report.png``: each pipeline's images/s, its share of
 its limit, CPU seconds per 1000 images and data wait. ``--quick`` runs a small version (CI).
@@ -40,15 +43,29 @@ from typing import Any
 
 import torch
 
-from loaderbench.bench.limits import DecodeLimit, measure_decode_limit, usable_cores
+from loaderbench.bench.ffcv import ffcv_runs, ffcv_unavailable, ffcv_version
+from loaderbench.bench.limits import (
+    DecodeLimit,
+    measure_crop_limit,
+    measure_decode_limit,
+    usable_cores,
+)
 from loaderbench.bench.stores import CORES, StoreRow, measure_stores, store_lines
 from loaderbench.synthetic import SyntheticSpec, ensure_synthetic
 
 REPO = Path(__file__).resolve().parents[3]
 LOADERS = ("torchvision", "memmap", "spdl")
 DALI_NAMES = {"cpu": "dali (cpu)", "gpu": "dali (mixed)"}
+# FFCV's rows by its store (our store names: raw, jpeg).
+FFCV_NAMES = {"raw": "ffcv (raw)", "jpeg": "ffcv (jpg)"}
+# The FFCV store a row is held against: stored pixels for the readers of stored pixels, the
+# JPEG store for everything that decodes JPEGs.
+FFCV_PEER_STORE = {"memmap": "raw", FFCV_NAMES["raw"]: "raw"}
+# The crop-and-resize limit's train images (stored rows in memory: ~340 KB each at 224 px).
+CROP_LIMIT_IMAGES = 512
 COLOURS = {"torchvision": "C0", "memmap": "C1", "spdl": "C2"}
 COLOURS |= {name: "C3" for name in DALI_NAMES.values()}
+COLOURS |= {name: "C4" for name in FFCV_NAMES.values()}
 
 
 @dataclass
@@ -179,12 +196,35 @@ def _float(value: str | None) -> float | None:
         return None
 
 
+def row_limit(
+    task: str,
+    loader: str,
+    decode: DecodeLimit,
+    copy_images_per_s: float,
+    crop: DecodeLimit | None = None,
+) -> tuple[str, float]:
+    """The limit a loader's row is held to, (name, images/s): the one on the same work. memmap
+    decodes nothing: its val rows copy stored crops (memory copy), its train rows crop, resize
+    and flip stored rows (the crop-and-resize limit); the other loaders decode every image."""
+    if loader != "memmap":
+        return "CPU decode", decode.images_per_s
+    if task == "train" and crop is not None:
+        return "crop + resize", crop.images_per_s
+    return "memory copy", copy_images_per_s
+
+
 def loader_rows(
-    task: str, rows: list[dict[str, str]], decode: DecodeLimit, copy_images_per_s: float
+    task: str,
+    rows: list[dict[str, str]],
+    decode: DecodeLimit,
+    copy_images_per_s: float,
+    crop: DecodeLimit | None = None,
 ) -> list[Row]:
     out = []
     for r in rows:
-        memmap = r["loader"] == "memmap"
+        limit_name, limit_images_per_s = row_limit(
+            task, r["loader"], decode, copy_images_per_s, crop
+        )
         out.append(
             Row(
                 pipeline=task,
@@ -194,8 +234,8 @@ def loader_rows(
                 cpu_s_per_1k_images=_float(r.get("cpu_s_per_1k_images")),
                 data_wait_frac=_float(r.get("data_wait_frac")),
                 ttfb_s=_float(r.get("ttfb_s")),
-                limit_name="memory copy" if memmap else "CPU decode",
-                limit_images_per_s=copy_images_per_s if memmap else decode.images_per_s,
+                limit_name=limit_name,
+                limit_images_per_s=limit_images_per_s,
                 note="" if r.get("status") == "ok" else f"failed: {r.get('error')}",
             )
         )
@@ -297,6 +337,45 @@ def dali_rows(opts: Options, split: Any, task: str, decode: DecodeLimit) -> list
     return rows
 
 
+def ffcv_rows(opts: Options, split: Any, task: str, decode: DecodeLimit) -> list[Row]:
+    """FFCV's raw and jpg stores at every worker count (as many threads), their files under
+    the work folder (removed after). A raw row's limit is set from memmap's row later
+    (``share_memmap_limits``); a jpg row decodes every pixel: the CPU decode limit."""
+    rows = []
+    for run in ffcv_runs(
+        split,
+        task == "train",
+        opts.image_size,
+        opts.batch_size,
+        opts.workers,
+        lambda loader: measure_loader(loader, opts.epochs[task], opts.repeats),
+        opts.work / "ffcv",
+    ):
+        store = run.store.store
+        limit = {"limit_name": "CPU decode", "limit_images_per_s": decode.images_per_s}
+        row = measured_row(
+            task,
+            FFCV_NAMES[store],
+            run.workers,
+            run.result,
+            note=f"after a warm-up pass ({run.warm_up_s:.1f} s: numba compiles)",
+            **(limit if store == "jpeg" else {}),
+        )
+        row.extra = {**run.store.as_dict(), "warm_up_s": run.warm_up_s}
+        rows.append(row)
+    return rows
+
+
+def share_memmap_limits(rows: list[Row]) -> None:
+    """FFCV's raw rows get the limit of memmap's row at the same task and worker count: the
+    same work on stored pixels."""
+    memmap = {(r.pipeline, r.workers): r for r in rows if r.name == "memmap"}
+    for row in rows:
+        peer = memmap.get((row.pipeline, row.workers))
+        if row.name == FFCV_NAMES["raw"] and peer is not None:
+            row.limit_name, row.limit_images_per_s = peer.limit_name, peer.limit_images_per_s
+
+
 def peer_rows(opts: Options, root: Path, decode: DecodeLimit) -> list[Row]:
     """The peers, timed in this process with the project's meter."""
     from omegaconf import OmegaConf
@@ -307,12 +386,16 @@ def peer_rows(opts: Options, root: Path, decode: DecodeLimit) -> list[Row]:
     cfg = OmegaConf.structured(DatasetConfig(index_dir=None))
     cfg.name, cfg.root = "folder", str(root)
     index = discover(cfg)
+    ffcv_missing = ffcv_unavailable()
+    if ffcv_missing:
+        print(f"make bench: no FFCV rows: it does not import here ({ffcv_missing})", flush=True)
     rows = []
     for task in ("val", "train"):
         split = index.val if task == "val" else index.train
         rows += classic_rows(opts, split, task, decode)
         rows.append(tutorial_row(opts, split, task))
         rows += dali_rows(opts, split, task, decode)
+        rows += [] if ffcv_missing else ffcv_rows(opts, split, task, decode)
     return rows
 
 
@@ -365,21 +448,67 @@ def limit_lines(decode: DecodeLimit, copy_bps: float, image_bytes: int) -> list[
     return lines
 
 
+def crop_limit_lines(crop: DecodeLimit | None) -> list[str]:
+    """The crop-and-resize limit's lines of the limits table (memmap's train rows' limit)."""
+    if crop is None:
+        return []
+    lines = [
+        f"| single-core {rate.name} crop + resize + flip | {rate.images_per_s:,.1f} images/s |"
+        for rate in sorted(crop.rates, key=lambda r: -r.images_per_s)
+    ]
+    lines.append(
+        f"| crop-and-resize limit ({crop.cores} cores x {crop.best.name}) | "
+        f"{crop.images_per_s:,.1f} images/s |"
+    )
+    if crop.pool is not None:
+        lines.append(
+            f"| plain thread pool ({crop.pool.name}, crop + resize + flip) | "
+            f"{crop.pool.images_per_s:,.1f} images/s = "
+            f"{100 * crop.ratio(crop.pool.images_per_s):.1f}% of the crop-and-resize limit |"
+        )
+    if crop.without_flips is not None:
+        alone = crop.without_flips.images_per_s
+        lines.append(
+            f"| single-core {crop.without_flips.name} (the resize alone) | {alone:,.1f} "
+            f"images/s: the flips cost {100 * (1 - crop.best.images_per_s / alone):.1f}% |"
+        )
+    return lines
+
+
 def _rate(row: Row) -> float:
     return row.images_per_s or 0.0
 
 
-def dali_rate(rows: list[Row], task: str, workers: int | None = None) -> Row | None:
-    """DALI's CPU row for ``task`` at ``workers`` threads (the fastest, without ``workers``)."""
-    dali = [
+def peer_rate(rows: list[Row], task: str, name: str, workers: int | None = None) -> Row | None:
+    """Peer ``name``'s row for ``task`` at ``workers`` threads (the fastest, without
+    ``workers``)."""
+    peer = [
         r
         for r in rows
         if r.pipeline == task
-        and r.name == DALI_NAMES["cpu"]
+        and r.name == name
         and r.images_per_s
         and (workers is None or r.workers == workers)
     ]
-    return max(dali, key=_rate) if dali else None
+    return max(peer, key=_rate) if peer else None
+
+
+def dali_rate(rows: list[Row], task: str, workers: int | None = None) -> Row | None:
+    """DALI's CPU row for ``task`` at ``workers`` threads (the fastest, without ``workers``)."""
+    return peer_rate(rows, task, DALI_NAMES["cpu"], workers)
+
+
+def ffcv_rate(rows: list[Row], task: str, against: str, workers: int | None = None) -> Row | None:
+    """The FFCV row that loader ``against`` is held to (``FFCV_PEER_STORE``)."""
+    return peer_rate(rows, task, FFCV_NAMES[FFCV_PEER_STORE.get(against, "jpeg")], workers)
+
+
+def versus(row: Row, peer: Row, label: str) -> str:
+    """'; 1.23x <label> (its best, 2 threads: 1,000 images/s, 0.50 CPU ms an image)'."""
+    return (
+        f"; {_rate(row) / _rate(peer):.2f}x {label} (its best, {peer.workers} threads: "
+        f"{_rate(peer):,.0f} images/s, {_fmt(peer.cpu_s_per_1k_images, 2)} CPU ms an image)"
+    )
 
 
 def answer_lines(rows: list[Row]) -> list[str]:
@@ -407,13 +536,14 @@ def answer_lines(rows: list[Row]) -> list[str]:
             )
         dali = dali_rate(rows, task)
         if dali is not None:
-            line += (
-                f"; {_rate(best) / _rate(dali):.2f}x DALI's CPU pipeline (its best, "
-                f"{dali.workers} threads: {_rate(dali):,.0f} images/s, "
-                f"{_fmt(dali.cpu_s_per_1k_images, 2)} CPU ms an image)"
-            )
+            line += versus(best, dali, "DALI's CPU pipeline")
         else:
             line += "; DALI not measured (not installed: `make bench` installs it)"
+        ffcv = ffcv_rate(rows, task, best.name)
+        if ffcv is not None:
+            line += versus(best, ffcv, f"FFCV on its {ffcv.extra['write_mode']} store")
+        else:
+            line += "; FFCV not measured (it does not import here: `make bench` installs it)"
         lines.append(line + ".")
     return [*lines, ""]
 
@@ -424,23 +554,34 @@ def pipeline_lines(rows: list[Row]) -> list[str]:
         "",
         "## Pipelines",
         "",
-        "Share = images/s over the pipeline's limit (CPU decode for decoding loaders, memory "
-        "copy for the memmap reader). vs DALI = images/s over DALI's CPU pipeline with as many "
-        "threads as the row has workers.",
+        "Share = images/s over the pipeline's limit (CPU decode for decoding loaders; for the "
+        "memmap reader memory copy in val, crop + resize in train: its train work is cutting, "
+        "resizing and flipping each image's box from its stored row). vs DALI = images/s over "
+        "DALI's CPU pipeline with as many threads as the row has workers. vs FFCV = the same "
+        "over FFCV's pipeline at as many threads, on its raw store for the readers of stored "
+        "pixels (memmap), on its jpg store for the loaders that decode JPEGs.",
         "",
-        "| pipeline | loader | workers | images/s | share of limit | limit | vs DALI "
+        "| pipeline | loader | workers | images/s | share of limit | limit | vs DALI | vs FFCV "
         "| CPU s / 1k images | data wait | ttfb s | note |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
-        *(pipeline_line(row, dali_rate(rows, row.pipeline, row.workers)) for row in rows),
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        *(
+            pipeline_line(
+                row,
+                dali_rate(rows, row.pipeline, row.workers),
+                ffcv_rate(rows, row.pipeline, row.name, row.workers),
+            )
+            for row in rows
+        ),
     ]
 
 
-def pipeline_line(row: Row, dali: Row | None = None) -> str:
+def pipeline_line(row: Row, dali: Row | None = None, ffcv: Row | None = None) -> str:
     vs_dali = f"{_rate(row) / _rate(dali):.2f}x" if dali and row.images_per_s else "-"
+    vs_ffcv = f"{_rate(row) / _rate(ffcv):.2f}x" if ffcv and row.images_per_s else "-"
     return (
         f"| {row.pipeline} | {row.name} | {_fmt(row.workers)} | {_fmt(row.images_per_s)} | "
         f"{_fmt(row.share and 100 * row.share)}{'%' if row.share else ''} | "
-        f"{row.limit_name or '-'} | {vs_dali} | {_fmt(row.cpu_s_per_1k_images, 2)} | "
+        f"{row.limit_name or '-'} | {vs_dali} | {vs_ffcv} | {_fmt(row.cpu_s_per_1k_images, 2)} | "
         f"{_fmt(row.data_wait_frac, 3)} | {_fmt(row.ttfb_s, 2)} | {row.note} |"
     )
 
@@ -505,6 +646,41 @@ def memmap_vs_tutorial_lines(rows: list[Row]) -> list[str]:
     return lines
 
 
+def ffcv_store_lines(rows: list[Row], stores: list[StoreRow], workers: int) -> list[str]:
+    """Each memmap store beside FFCV's of the same kind and split, at ``workers`` (the store
+    runs' worker count): bytes per image, images/s, CPU; nothing without FFCV rows."""
+    ffcv = {
+        (r.pipeline, r.extra["store"]): r
+        for r in rows
+        if r.name in FFCV_NAMES.values() and r.workers == workers
+    }
+    pairs = [(s, ffcv[(s.pipeline, s.store)]) for s in stores if (s.pipeline, s.store) in ffcv]
+    if not pairs:
+        return []
+    lines = [
+        "## FFCV's stores beside memmap's",
+        "",
+        f"At {workers} workers. FFCV's stores are written at memmap's train store's long side "
+        "and JPEG quality; their bytes are the images' own (pixels or JPEG), the file's add "
+        "header and page padding. memmap's val stores hold the exact centre crops, FFCV's the "
+        "shrunk whole image (cropped and resized at load).",
+        "",
+        "| split | store | bytes / image: memmap | FFCV | FFCV file | images/s: memmap | FFCV "
+        "| memmap / FFCV | CPU s / 1k images: memmap | FFCV |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for ours, peer in pairs:
+        faster = ours.images_per_s / _rate(peer) if ours.images_per_s and _rate(peer) else None
+        lines.append(
+            f"| {ours.pipeline} | {ours.store} / {peer.extra['write_mode']} | "
+            f"{ours.bytes_per_image:,.0f} | {peer.extra['payload_bytes_per_image']:,.0f} | "
+            f"{peer.extra['bytes_per_image']:,.0f} | {_fmt(ours.images_per_s)} | "
+            f"{_fmt(peer.images_per_s)} | {_fmt(faster, 2)}{'x' if faster else ''} | "
+            f"{_fmt(ours.cpu_s_per_1k_images, 2)} | {_fmt(peer.cpu_s_per_1k_images, 2)} |"
+        )
+    return ["", *lines]
+
+
 def write_report(
     opts: Options,
     rows: list[Row],
@@ -513,16 +689,19 @@ def write_report(
     image_bytes: int,
     wall_s: float,
     stores: list[StoreRow],
+    crop: DecodeLimit | None = None,
 ) -> None:
     """report.md, report.json and report.png in ``opts.out``."""
     lines = [
         *header_lines(opts, wall_s),
         *answer_lines(rows),
         *limit_lines(decode, copy_bps, image_bytes),
+        *crop_limit_lines(crop),
         *pipeline_lines(rows),
         *ratio_lines(opts, rows, decode),
         "",
         *store_lines(stores),
+        *ffcv_store_lines(rows, stores, max(opts.workers)),
         "",
         f"Command: `make bench{' BENCH_ARGS=--quick' if opts.quick else ''}`",
         "",
@@ -531,7 +710,9 @@ def write_report(
     report = {
         "rows": [{**row.__dict__, "share": row.share} for row in rows],
         "decode_limit": decode.as_dict(),
+        "crop_limit": None if crop is None else crop.as_dict(),
         "memory_copy_bytes_per_s": copy_bps,
+        "ffcv_version": ffcv_version(),
         "stores": [
             {**row.__dict__, "imagenet_gb": row.imagenet_gb}
             | {f"build_minutes_{c}_cores": row.build_minutes(c) for c in CORES}
@@ -618,15 +799,30 @@ def measure_limits(opts: Options, root: Path) -> tuple[DecodeLimit, float]:
     return decode, copy_bps
 
 
+def measure_crop(opts: Options, root: Path) -> DecodeLimit:
+    """The crop-and-resize limit over (up to ``CROP_LIMIT_IMAGES`` of) the train images the
+    train pipelines read, stored as memmap's raw store keeps them, with their epoch-0 boxes."""
+    from loaderbench.data import scan_image_folder, spread_indices
+
+    _, paths, _ = scan_image_folder(root / "train")
+    paths = [paths[i] for i in spread_indices(len(paths), min(len(paths), CROP_LIMIT_IMAGES))]
+    return measure_crop_limit(paths, opts.image_size, repeats=opts.repeats)
+
+
 def measure_rows(
-    opts: Options, root: Path, decode: DecodeLimit, copy_images_per_s: float
+    opts: Options,
+    root: Path,
+    decode: DecodeLimit,
+    copy_images_per_s: float,
+    crop: DecodeLimit | None = None,
 ) -> list[Row]:
     """The loaders' sweeps (best of the repeats), then the peers; val rows first."""
     rows: list[Row] = []
     for task in ("val", "train"):
         runs = [run for r in range(opts.repeats) for run in run_sweep(opts, root, task, r)]
-        rows += loader_rows(task, best_runs(runs), decode, copy_images_per_s)
+        rows += loader_rows(task, best_runs(runs), decode, copy_images_per_s, crop)
     rows += peer_rows(opts, root, decode)
+    share_memmap_limits(rows)
     rows.sort(key=lambda r: (r.pipeline != "val", r.name, r.workers or 0))
     return rows
 
@@ -638,15 +834,16 @@ def main(argv: list[str] | None = None) -> int:
     opts.root = ensure_synthetic(opts.spec, (opts.work / "data") if opts.quick else REPO / "data")
     os.environ.setdefault("WANDB_MODE", "disabled")
     decode, copy_bps = measure_limits(opts, opts.root)
+    crop = measure_crop(opts, opts.root)
     image_bytes = 3 * opts.image_size * opts.image_size
-    rows = measure_rows(opts, opts.root, decode, copy_bps / image_bytes)
+    rows = measure_rows(opts, opts.root, decode, copy_bps / image_bytes, crop)
     stores = measure_stores(
         lambda task, sweep_dir, swept: sweep_command(opts, opts.root, task, sweep_dir, swept),
         opts.work,
         max(opts.workers),
     )
     wall_s = time.perf_counter() - started
-    write_report(opts, rows, decode, copy_bps, image_bytes, wall_s, stores)
+    write_report(opts, rows, decode, copy_bps, image_bytes, wall_s, stores, crop)
     print((opts.out / "report.md").read_text())
     return 0
 

@@ -24,6 +24,7 @@ class StoreRow:
     bytes_per_image: float
     images_per_s: float | None
     build_images_per_s_per_core: float
+    cpu_s_per_1k_images: float | None = None
 
     @property
     def imagenet_gb(self) -> float:
@@ -43,6 +44,7 @@ def store_row(task: str, metrics: dict[str, Any]) -> StoreRow:
         bytes_per_image=float(metrics[f"{prefix}bytes_per_image"]),
         images_per_s=metrics.get("images_per_s"),
         build_images_per_s_per_core=float(metrics[f"{prefix}cache_build_images_per_s"]) / workers,
+        cpu_s_per_1k_images=metrics.get("cpu_s_per_1k_images"),
     )
 
 

@@ -1,2 +1,4 @@
 """``loader=memmap``: a decoded uint8 cache on disk (a tensordict TensorClass over memory-mapped
-files), read a whole batch at a time: ``loader`` serves batches, ``cache`` builds and opens it."""
+files), read a whole batch at a time: ``loader`` serves batches, ``cache`` finds, builds and opens
+the cache folders, ``build`` is what every store shares, ``store_raw`` and ``store_jpeg`` the two
+ways of keeping the images."""

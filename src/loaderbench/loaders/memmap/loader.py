@@ -13,14 +13,19 @@ relied on and faster:
 * ``num_workers`` threads prepare ``prefetch`` batches ahead (in total), so reading overlaps
   the model's step (the gather and the resize release the GIL); 0 reads in the caller;
 * train batches get a random-resized crop (a different box per image, sampled inside each
-  image's true size) and a flip, where the batch is: in the reading threads on the CPU (uint8,
-  channels-last NCHW out), on the GPU after a pinned, non-blocking copy on CUDA, one box at a
+  image's true size) and a flip, where the batch is. On the CPU nothing is gathered: the
+  reading threads resize each box straight from its memory-mapped row into the batch (uint8,
+  channels-last NCHW; ``crop_resize_flip_rows``), so only the boxes' lines are read, at the
+  cost of the resize itself (the crop-and-resize limit, ``loaderbench.bench.limits``). On CUDA
+  the rows are gathered, copied pinned and non-blocking, and cropped on the GPU one box at a
   time (``resized_crop_images``: only the box is converted to float, never the stored batch).
   Val batches are stored exactly as the reference pipeline makes them and need nothing but
   the gather;
 * a ``store=jpeg`` batch is decoded image by image in the reading threads on the CPU, or on
-  CUDA in one batched nvJPEG call (``loaderbench.jpeg``, the spdl loader's decoder) and
-  cropped on the GPU.
+  CUDA in one batched nvJPEG call (``loaderbench.decode``, the spdl loader's decoder) and
+  cropped on the GPU. A train image's box is drawn in the stored image's coordinates before
+  it is decoded, and only the box is decoded (where the backend decodes regions), then
+  resized: the same pixels as a whole decode cut to the box.
 
 The gather writes straight into buffers from a bounded pool (``loaderbench.buffers``), pinned
 on CUDA; tensordict's ``pin_memory()`` would copy an already gathered batch once more, so
@@ -44,12 +49,26 @@ import torch
 
 from loaderbench.buffers import BufferPool, pool_stats
 from loaderbench.data import resolve_path
-from loaderbench.jpeg import Decoded, batch_decoder, decode_cpu, hand_over
-from loaderbench.jpeg import backend as jpeg_backend
+from loaderbench.decode import (
+    Box,
+    Decoded,
+    backend,
+    batch_decoder,
+    decode_cpu,
+    hand_over,
+    region_decode,
+)
 from loaderbench.loaders.base import Batch, Loader, LoaderSpec, register_loader
-from loaderbench.loaders.memmap.cache import JpegCache, OpenedCache, StorePolicy, ensure_cache
+from loaderbench.loaders.memmap.build import StorePolicy
+from loaderbench.loaders.memmap.cache import OpenedCache, ensure_cache
 from loaderbench.loaders.memmap.settings import Settings
-from loaderbench.transforms import crop_resize_flip_batch, resized_crop_images
+from loaderbench.loaders.memmap.store_jpeg import JpegCache
+from loaderbench.loaders.spdl.decoders import serial_torch_in_this_thread
+from loaderbench.transforms import (
+    crop_resize_flip_batch,
+    crop_resize_flip_rows,
+    resized_crop_images,
+)
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +84,20 @@ class _Gathered:
     flips: torch.Tensor | None = None
     # A jpeg store's batch still to be decoded on the device: each image's bytes.
     encoded: list[torch.Tensor] | None = None
+
+
+def _regions(boxes: torch.Tensor | None, count: int) -> list[Box | None]:
+    """What to decode of each image: its train box, or (val) all of it."""
+    if boxes is None:
+        return [None] * count
+    return [tuple(box) for box in boxes.tolist()]  # type: ignore[misc]
+
+
+def _within_box(boxes: torch.Tensor) -> torch.Tensor:
+    """The boxes in the coordinates of their own decoded region: each the whole region."""
+    inside = boxes.clone()
+    inside[:, :2] = 0
+    return inside
 
 
 @register_loader("memmap")
@@ -108,6 +141,9 @@ class MemmapLoader(Loader):
         else:  # memory-mapped rows: read a batch at a time
             self._images: torch.Tensor = data.images
             self._images_np = self._images.numpy()
+            # A plain tensor over the same mapped rows: train boxes are views of it, and a
+            # tensor subclass would add its dispatch to every one of them.
+            self._rows = self._images.as_subclass(torch.Tensor)
             stored_row = tuple(self._images.shape[1:])
         # The small fields live in memory: a gather from them costs nothing.
         self._labels = data.labels.clone()
@@ -131,6 +167,8 @@ class MemmapLoader(Loader):
         self._crop_pool = BufferPool((spec.batch_size, size, size, 3), capacity)
         self._label_pool = BufferPool((spec.batch_size,), capacity, dtype=torch.int64, pin=pin)
         self._device_decoder = batch_decoder(spec.device) if self._jpeg else None
+        if self._jpeg:  # the backend chosen now, not by the first reading thread
+            self._jpeg_stats()
 
     def batches_in_flight(self) -> int:
         """``prefetch`` batches ahead in total, at least one per reading thread."""
@@ -145,8 +183,10 @@ class MemmapLoader(Loader):
         if self._jpeg:
             return self._decode(epoch, indices)
         n = len(indices)
-        rows, labels = self._gather_pool.take(n), self._label_pool.take(n)
-        torch.index_select(self._labels, 0, indices, out=labels)
+        labels = torch.index_select(self._labels, 0, indices, out=self._label_pool.take(n))
+        if self.spec.train and not self._crop_on_device:
+            return _Gathered(self._crop_rows(epoch, indices), labels)
+        rows = self._gather_pool.take(n)
         # numpy's take: one memcpy per row, GIL released, single-threaded. torch.index_select
         # does the same work but through intra-op threads, which on a busy machine wait on each
         # other (2-10x slower when the cores are shared); mode="clip" writes straight to `out`.
@@ -155,30 +195,42 @@ class MemmapLoader(Loader):
         images = rows.permute(0, 3, 1, 2) if self.policy.channels_last else rows
         if not self.spec.train:
             return _Gathered(images, labels)
-        # Inside each image's stored size: the distribution of a crop of the original file.
-        boxes, flips = self.spec.random_crops(
-            self._heights[indices], self._widths[indices], epoch, indices.tolist()
-        )
-        if self._crop_on_device:
-            return _Gathered(images, labels, boxes, flips)
-        out = self._crop_pool.take(n).permute(0, 3, 1, 2)
-        crop_resize_flip_batch(images, boxes, self.spec.image_size, flips, out=out)
-        return _Gathered(out, labels)
+        # Cropped on the device: the whole rows travel, with their boxes.
+        return _Gathered(images, labels, *self._train_boxes(epoch, indices))
+
+    def _train_boxes(self, epoch: int, indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Boxes inside each image's stored size (the distribution of a crop of the original
+        file) and flips, from the run's seed, ``epoch`` and the image."""
+        heights, widths = self._heights[indices], self._widths[indices]
+        return self.spec.random_crops(heights, widths, epoch, indices.tolist())
+
+    def _crop_rows(self, epoch: int, indices: torch.Tensor) -> torch.Tensor:
+        """A raw train batch on the CPU: each box resized (and flipped) straight from the
+        memory-mapped rows into a pooled batch, so only the boxes' lines are read and no row is
+        gathered first (half of a stored row, on average, is outside its box)."""
+        boxes, flips = self._train_boxes(epoch, indices)
+        out = self._crop_pool.take(len(indices)).permute(0, 3, 1, 2)
+        rows, size = self._rows, self.spec.image_size
+        return crop_resize_flip_rows(rows, indices.tolist(), boxes, size, flips, out)
 
     def _decode(self, epoch: int, indices: torch.Tensor) -> _Gathered:
-        """A jpeg store's batch: each image's bytes decoded (libjpeg-turbo, GIL released), then
-        cropped, resized and flipped (train) or taken as stored (val) into one batch."""
+        """A jpeg store's batch: each image's bytes decoded (a train image's box only; GIL
+        released), then resized and flipped (train) or taken as stored (val) into one batch."""
         spans = [self._spans[i] for i in indices.tolist()]
         labels = torch.index_select(self._labels, 0, indices, out=self._label_pool.take(len(spans)))
         boxes = flips = None
-        if self.spec.train:
+        if self.spec.train:  # in the stored image's coordinates, from its stored size
             boxes, flips = self.spec.random_crops(
                 self._heights[indices], self._widths[indices], epoch, indices.tolist()
             )
         if self._decode_on_device:  # the bytes only: decoded where the batch goes
             encoded = [self._bytes[start:stop].clone() for start, stop in spans]
             return _Gathered(None, labels, boxes, flips, encoded)
-        images = [decode_cpu(self._bytes[start:stop]) for start, stop in spans]
+        regions = _regions(boxes, len(spans))
+        images = [
+            decode_cpu(self._bytes[start:stop], region)
+            for (start, stop), region in zip(spans, regions, strict=True)
+        ]
         out = self._crop_pool.take(len(images)).permute(0, 3, 1, 2)
         return _Gathered(self._finish(images, boxes, flips, out), labels)
 
@@ -189,13 +241,13 @@ class MemmapLoader(Loader):
         flips: torch.Tensor | None,
         out: torch.Tensor,
     ) -> torch.Tensor:
-        """Decoded images into one batch: the stored val crops as they are, train images
-        cropped, resized and flipped."""
+        """Decoded images into one batch: the stored val crops as they are, train boxes (each
+        decoded alone: its image is the box) resized and flipped."""
         if boxes is None:
             for row, image in zip(out, images, strict=True):
                 row.copy_(image)
             return out
-        return resized_crop_images(images, boxes, self.spec.image_size, flips, out)
+        return resized_crop_images(images, _within_box(boxes), self.spec.image_size, flips, out)
 
     def _decode_batch_on_device(self, gathered: _Gathered) -> Batch:
         """One batched nvJPEG call for the batch's bytes, its crops on the decoder's stream."""
@@ -209,7 +261,8 @@ class MemmapLoader(Loader):
             out = torch.empty((len(decoded), 3, size, size), dtype=torch.uint8, device=device)
             return self._finish(decoded, gathered.boxes, gathered.flips, out)  # type: ignore[arg-type]
 
-        images, ready = self._device_decoder.run(gathered.encoded, finish)
+        regions = _regions(gathered.boxes, len(gathered.encoded))
+        images, ready = self._device_decoder.run(gathered.encoded, finish, regions)
         hand_over(ready, images)
         return Batch(images, self._label_pool.to_device(gathered.labels, device))
 
@@ -243,7 +296,13 @@ class MemmapLoader(Loader):
                     yield self._deliver(gathered)
             return
         workers = self.spec.num_workers
-        pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="memmap-loader")
+        # One core per reading thread: the threads are the parallelism, and a resize that also
+        # forks torch's intra-op team waits on descheduled teammates (~10x slower when busy).
+        pool = ThreadPoolExecutor(
+            max_workers=workers,
+            thread_name_prefix="memmap-loader",
+            initializer=serial_torch_in_this_thread,
+        )
         with self._lock:
             self._pools.add(pool)
         jobs = iter(batches)
@@ -283,8 +342,16 @@ class MemmapLoader(Loader):
             "cache_store": self.policy.codec,
             "cache_gb": self.stored_bytes() / 1e9,
             "bytes_per_image": self.stored_bytes() / max(1, len(self.spec.split)),
-            **({"jpeg_backend": jpeg_backend(self.spec.device)} if self._jpeg else {}),
+            **(self._jpeg_stats() if self._jpeg else {}),
             **self._buffer_stats(),
+        }
+
+    def _jpeg_stats(self) -> dict[str, Any]:
+        """The library that decodes the store, and whether it decodes train boxes alone."""
+        where = self.spec.device if self._decode_on_device else torch.device("cpu")
+        return {
+            "jpeg_backend": backend(where),
+            "region_decode": self.spec.train and region_decode(where),
         }
 
     def _buffer_stats(self) -> dict[str, Any]:

@@ -11,7 +11,7 @@ One SPDL pipeline, all in this process (no worker processes):
                pinned on CUDA runs); nvjpeg: the files read, not yet decoded
     device     CUDA runs, one thread: a CPU decoder's batch copied on a side stream; nvjpeg's
                decoded in one batched nvJPEG call and finished on the GPU. The main loop's
-               stream waits for the batch's event (``jpeg.hand_over``), not the host
+               stream waits for the batch's event (``decode.hand_over``), not the host
     sink       the batches ready for the main loop: ``loader.prefetch`` in all, less the
                ``num_workers`` being decoded (at least one)
 
@@ -55,8 +55,7 @@ from spdl.pipeline import (
 )
 
 from loaderbench.buffers import BatchBuffers
-from loaderbench.jpeg import backend as jpeg_backend
-from loaderbench.jpeg import hand_over
+from loaderbench.decode import hand_over
 from loaderbench.loaders.base import (
     Batch,
     Loader,
@@ -290,7 +289,8 @@ class SpdlLoader(Loader):
             "skipped_files": len(self.skipped),
             "spdl_decoder": self.settings.decoder,
             "spdl_decode_threads": self.decode_threads,
-            "jpeg_backend": jpeg_backend(self.spec.device),
+            "jpeg_backend": self.decoder.jpeg_backend(),
+            "region_decode": self.decoder.decodes_regions(),
             **self.buffers.stats(),
             **self.recorder.summary(),
         }

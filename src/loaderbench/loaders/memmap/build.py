@@ -1,0 +1,364 @@
+"""What every memmap store shares: its policy, the ``Store`` interface, and the parallel build.
+
+A store (``loader.store``) is one way of keeping a split's images in a cache folder: decoded
+pixels (``store_raw``) or re-encoded JPEG bytes (``store_jpeg``). Each is a ``Store`` with its
+own ``TensorClass`` and way of writing images; all of them build the same way, here: every image
+decoded once, as ``StorePolicy`` says, by ``decode_stored`` (the one place the build decodes),
+in chunks of ``BUILD_CHUNK`` images by ``num_workers`` processes (``run_chunks``), each decoded
+image handed to the store's ``BuildChunks.keep``. The folder around a build (its key, the lock,
+the atomic commit, the checks on every open) is ``cache``'s.
+
+Store policies:
+
+* val (``crop``): exactly ``pil_val_transform(image_size)`` (Resize + CenterCrop, the same PIL
+  code), stored (N, 3, S, S), so a val batch needs no work at all after the gather;
+* train (``fit``): the whole image, aspect ratio kept, shrunk (never enlarged) so that its long
+  side fits an L x L canvas, L = round(image_size * train_store_ratio), stored channels-last
+  (N, L, L, 3) at the top left, with its true height and width in ``heights``/``widths``. The
+  random-resized crop is sampled later, per epoch, inside that true region: the same box
+  distribution as torchvision's RandomResizedCrop on the original file (not a crop of an image
+  squashed to a square). Channels-last because the CPU's uint8 resize kernel is fastest on it.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import logging
+import os
+import shutil
+import sys
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from tensordict import TensorClass
+from torch.utils.data import DataLoader, Dataset
+from tqdm import tqdm
+
+from loaderbench.images import load_rgb, read_rgb
+from loaderbench.loaders.memmap.settings import Settings
+from loaderbench.splits import Split
+from loaderbench.stopping import raise_if_stop_requested
+from loaderbench.transforms import pil_val_transform
+
+log = logging.getLogger(__name__)
+
+# Images a build worker decodes per task: small enough for a lively progress bar.
+BUILD_CHUNK = 16
+# Rows hashed to check a cache on every open: enough to catch an edited or truncated file
+# (sizes catch truncation on their own), few enough to cost milliseconds (~10 MB at 224 px).
+SAMPLE_ROWS = 64
+DEFAULT_QUALITY = Settings.store_quality  # the one default, in the settings
+
+
+class CacheError(RuntimeError):
+    """A cache folder that cannot be used; the message names the folder."""
+
+
+class CacheChanged(CacheError):
+    """A complete cache whose files no longer match what was built: rebuilt, never read."""
+
+
+@dataclass(frozen=True)
+class StorePolicy:
+    """How one split's images are stored: what the cache key and the decoders depend on."""
+
+    kind: str  # "crop" (val) or "fit" (train)
+    image_size: int  # the model's input size
+    stored_size: int  # crop: image_size; fit: the canvas side L (the stored long side)
+    codec: str = "raw"  # the store (loader.store): raw pixels or jpeg bytes
+    quality: int = DEFAULT_QUALITY  # jpeg only
+
+    @classmethod
+    def for_split(
+        cls,
+        train: bool,
+        image_size: int,
+        train_store_ratio: float,
+        min_side: int = 0,
+        codec: str = "raw",
+        quality: int = DEFAULT_QUALITY,
+        max_side: int | None = None,
+    ) -> StorePolicy:
+        if not train:
+            return cls("crop", image_size, image_size, codec, quality)
+        side = max_side or max(round(image_size * train_store_ratio), min_side)
+        return cls("fit", image_size, side, codec, quality)
+
+    @property
+    def channels_last(self) -> bool:
+        return self.kind == "fit"
+
+    def image_shape(self) -> tuple[int, int, int]:
+        s = self.stored_size
+        return (s, s, 3) if self.channels_last else (3, s, s)
+
+    def describe(self) -> dict[str, Any]:
+        described = {
+            "kind": self.kind,
+            "image_size": self.image_size,
+            "stored_size": self.stored_size,
+            "layout": "NHWC" if self.channels_last else "NCHW",
+        }
+        if self.codec != "raw":  # raw caches keep the keys they had
+            described.update(codec=self.codec, quality=self.quality)
+        return described
+
+
+# ---------------------------------------------------------------------------------------------
+# Decoding one image as the store keeps it.
+
+
+@functools.lru_cache(maxsize=8)
+def _val_transform(size: int) -> Any:
+    return pil_val_transform(size)
+
+
+def decode_crop(path: str, size: int) -> torch.Tensor:
+    """The val image, uint8 (3, S, S): the reference pipeline itself, so bit-identical to it."""
+    return _val_transform(size)(load_rgb(path))
+
+
+def fit_size(width: int, height: int, long_side: int) -> tuple[int, int]:
+    """(w, h) after shrinking, never enlarging, so that the long side is at most ``long_side``."""
+    scale = min(1.0, long_side / max(width, height))
+    return max(1, round(width * scale)), max(1, round(height * scale))
+
+
+def decode_fit(path: str, long_side: int) -> torch.Tensor:
+    """The train image, uint8 (h, w, 3), aspect kept, long side shrunk to at most ``long_side``.
+
+    Read by ``images.read_rgb``, the torchvision loader's own ``load_rgb`` (the same files
+    admitted and refused) but for a JPEG's decode at the smallest of 1/1, 1/2, 1/4, 1/8 scale
+    that is still at least the target size (the DCT does the power-of-two part), then resized
+    with an antialiased bilinear filter: torch's uint8 kernel, which computes PIL's BILINEAR
+    resize (to within a grey level) in half the time; with it the build keeps pace with the
+    torchvision loader's decoding.
+    """
+    image, target = read_rgb(path, functools.partial(fit_size, long_side=long_side))
+    pixels = torch.from_numpy(np.array(image))  # np.array: writable
+    if (pixels.shape[1], pixels.shape[0]) == target:
+        return pixels
+    nchw = pixels.permute(2, 0, 1)[None]  # channels-last view: the kernel's fast layout
+    resized = F.interpolate(nchw, size=(target[1], target[0]), mode="bilinear", antialias=True)
+    return resized[0].permute(1, 2, 0)
+
+
+def decode_stored(path: str, policy: StorePolicy) -> torch.Tensor:
+    """The image as every store keeps it: val (3, S, S), train (h, w, 3) fitted."""
+    if policy.kind == "crop":
+        return decode_crop(path, policy.stored_size)
+    return decode_fit(path, policy.stored_size)
+
+
+# ---------------------------------------------------------------------------------------------
+# Building: every image decoded once, chunk by chunk, in parallel.
+
+
+@dataclass(frozen=True)
+class BuildJob:
+    """One build: which images, kept how, into which new folder, by how many processes."""
+
+    split: Split
+    policy: StorePolicy
+    dest: Path  # the folder the store's files go into (renamed into place by the caller)
+    num_workers: int  # decoding processes (0: this one)
+    skip_errors: bool  # an unreadable image is recorded and skipped (else: OSError)
+    progress: bool = True  # a progress bar on stderr
+
+
+class BuildChunks(Dataset):
+    """Chunk ``c`` decodes images [c * chunk, (c + 1) * chunk) as the store keeps them, and
+    hands each to the store's ``keep``; returns (first index, sizes, errors, the chunk's
+    payload)."""
+
+    missing: Any = None  # the payload item of an unreadable image
+
+    def __init__(self, job: BuildJob, chunk: int = BUILD_CHUNK) -> None:
+        self.paths = job.split.paths
+        self.policy = job.policy
+        self.skip_errors = job.skip_errors
+        self.chunk = chunk
+
+    def __len__(self) -> int:
+        return -(-len(self.paths) // self.chunk)
+
+    def keep(self, index: int, pixels: torch.Tensor) -> Any:
+        """Store image ``index``'s decoded pixels; what it returns goes into the payload."""
+        raise NotImplementedError
+
+    def payload(self, items: list[Any]) -> Any:
+        return items
+
+    def __getitem__(self, chunk: int) -> tuple[int, torch.Tensor, list[tuple[int, str]], Any]:
+        start = chunk * self.chunk
+        stop = min(start + self.chunk, len(self.paths))
+        sizes = torch.zeros((stop - start, 2), dtype=torch.int32)
+        errors: list[tuple[int, str]] = []
+        items: list[Any] = []
+        for i in range(start, stop):
+            path = self.paths[i]
+            try:
+                pixels = decode_stored(path, self.policy)
+            except Exception as error:
+                if not self.skip_errors:
+                    raise OSError(f"cannot read image {path}: {error}") from error
+                errors.append((i, f"{type(error).__name__}: {error}"))
+                items.append(self.missing)
+                continue
+            hw = pixels.shape[1:] if self.policy.kind == "crop" else pixels.shape[:2]
+            sizes[i - start] = torch.tensor(hw)
+            items.append(self.keep(i, pixels))
+        return start, sizes, errors, self.payload(items)
+
+
+@dataclass
+class Decoded:
+    """What decoding every image left to record."""
+
+    heights: torch.Tensor
+    widths: torch.Tensor
+    skipped: list[dict[str, Any]]
+    decode_s: float = 0.0  # worker start-up included
+    steady_images_per_s: float | None = None  # from the first chunk's arrival on
+
+
+ChunkSink = Callable[[int, Any], None]  # (first image, the chunk's payload)
+
+
+def run_chunks(job: BuildJob, chunks: BuildChunks, sink: ChunkSink | None = None) -> Decoded:
+    """Decode every image, chunk by chunk, in ``job.num_workers`` processes; sizes, skipped
+    files and timings come back here (and each chunk's payload goes to ``sink``, in order)."""
+    split, num_workers = job.split, job.num_workers
+    n, started = len(split), time.perf_counter()
+    loader = DataLoader(
+        chunks,
+        batch_size=None,
+        shuffle=False,
+        num_workers=num_workers,
+        prefetch_factor=4 if num_workers > 0 else None,
+        generator=torch.Generator(),  # else DataLoader draws its worker seed from the global RNG
+    )
+    done = Decoded(torch.zeros(n, dtype=torch.int32), torch.zeros(n, dtype=torch.int32), [])
+    first_at, first_count = 0.0, 0
+    bar = tqdm(
+        total=n,
+        desc=f"building memmap cache ({split.name})",
+        unit="img",
+        dynamic_ncols=True,
+        disable=not job.progress or None,
+        file=sys.stderr,
+    )
+    with bar:
+        for start, sizes, errors, payload in loader:
+            raise_if_stop_requested()
+            done.heights[start : start + len(sizes)] = sizes[:, 0]
+            done.widths[start : start + len(sizes)] = sizes[:, 1]
+            for index, message in errors:
+                log.warning("skipping unreadable image %s: %s", split.paths[index], message)
+                done.skipped.append({"index": index, "path": split.paths[index], "error": message})
+            if sink is not None:
+                sink(start, payload)
+            bar.update(len(sizes))
+            if not first_count:
+                first_at, first_count = time.perf_counter(), len(sizes)
+    done.decode_s = time.perf_counter() - started
+    if n > first_count:
+        done.steady_images_per_s = (n - first_count) / (time.perf_counter() - first_at)
+    done.skipped.sort(key=lambda item: item["index"])
+    return done
+
+
+def reserve_space(folder: Path) -> None:
+    """Allocate every (sparse) file of a new cache in full now.
+
+    Writing into a sparse memory map when the disk is full kills the writer with SIGBUS, in a
+    worker, at some image; reserved blocks cannot run out, so a disk filled by someone else
+    after the free-space check fails here, at once, with ENOSPC naming the folder.
+    """
+    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+        fd = os.open(path, os.O_RDWR)
+        try:
+            os.posix_fallocate(fd, 0, os.fstat(fd).st_size)
+        except OSError as error:
+            free = shutil.disk_usage(folder).free
+            raise CacheError(
+                f"memmap cache {folder}: cannot reserve {os.fstat(fd).st_size / 1e9:.2f} GB "
+                f"for {path.name} ({error.strerror}; {free / 1e9:.2f} GB free); set "
+                f"loader.cache_dir to a larger disk"
+            ) from error
+        finally:
+            os.close(fd)
+
+
+def fsync_path(path: str | Path) -> None:
+    """Flush one file (memory-mapped writes included) or folder to disk."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_tree(folder: Path) -> None:
+    """Flush every file and folder under ``folder`` to disk."""
+    for dirpath, _, filenames in os.walk(folder):
+        for name in filenames:
+            fsync_path(os.path.join(dirpath, name))
+        fsync_path(dirpath)
+
+
+# ---------------------------------------------------------------------------------------------
+# The stores.
+
+
+class Store(ABC):
+    """One way of keeping a split's images (a ``loader.store`` value): the fields its cache
+    folder maps, how they are built, and how an image is read back as stored."""
+
+    name: ClassVar[str]  # the loader.store value
+    cache_type: ClassVar[type[TensorClass]]  # its fields, memory-mapped in the cache folder
+
+    @abstractmethod
+    def bytes_per_image(self, policy: StorePolicy) -> int:
+        """An image's bytes on disk, for the space check before a build (an estimate where
+        they are known only after it)."""
+
+    @abstractmethod
+    def build(self, job: BuildJob) -> tuple[Any, Decoded]:
+        """Every image of ``job.split``, decoded by ``run_chunks``, into new files in
+        ``job.dest``: the mapped cache (its heights and widths still to be written) and what
+        decoding left."""
+
+    @abstractmethod
+    def stored_bytes(self, cache: Any, row: int) -> torch.Tensor:
+        """Image ``row`` as stored."""
+
+    @abstractmethod
+    def shape_problem(self, cache: Any, policy: StorePolicy, n: int) -> str:
+        """What does not fit ``policy`` and ``n`` images in a mapped cache ('' when all does)."""
+
+    def per_image_fields(self, cache: Any) -> list[torch.Tensor]:
+        """The small fields, one entry per image: hashed in full by ``sample_digest``."""
+        return [cache.labels, cache.heights, cache.widths]
+
+    def load(self, folder: Path) -> Any:
+        """Map a cache folder's fields."""
+        return self.cache_type.load_memmap(folder)
+
+    def sample_digest(self, cache: Any) -> str:
+        """A hash of the small fields in full and of ``SAMPLE_ROWS`` image rows spread evenly."""
+        n = len(cache.labels)
+        digest = hashlib.blake2b(digest_size=16)
+        for field in self.per_image_fields(cache):
+            digest.update(field.contiguous().numpy().tobytes())
+        for row in torch.linspace(0, n - 1, min(n, SAMPLE_ROWS)).round().long().unique().tolist():
+            digest.update(self.stored_bytes(cache, row).contiguous().numpy().tobytes())
+        return digest.hexdigest()

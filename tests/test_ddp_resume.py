@@ -1,0 +1,148 @@
+"""A data-parallel run preempted (USR2) in epochs shorter than the log interval, mid-epoch and
+at an epoch's last step, continues and ends with the weights of an uninterrupted run; a resume
+that would change the run's shape is refused, naming what changed."""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import torch
+
+from tests.conftest import run_dirs, run_entry
+from tests.test_distributed import finish, start_torchrun, torchrun
+
+pytestmark = pytest.mark.slow
+
+# 160 train images, 80 a rank: 5 steps of 16 an epoch, far fewer than log_every_n_steps (50).
+# Dropout draws from each rank's own generator, so a rank resumed with another's state would
+# train other weights.
+RECIPE = [
+    "device=cpu",
+    "loader=torchvision",
+    "loader.num_workers=1",
+    "loader.batch_size=16",
+    "model.name=test_resnet",
+    "model.drop_rate=0.3",
+    "logger=none",
+    "epochs=3",
+]
+STEPS = 5
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(small_root: Path, tmp_path_factory: pytest.TempPathFactory):
+    """The checkpoint of the uninterrupted 2-rank run, per extra override (made once each)."""
+    made: dict[tuple[str, ...], dict] = {}
+
+    def get(*extra: str) -> dict:
+        if extra not in made:
+            cwd = tmp_path_factory.mktemp("whole")
+            torchrun(*RECIPE, f"dataset.root={small_root}", *extra, cwd=cwd)
+            (run_dir,) = run_dirs(cwd, "train")
+            made[extra] = torch.load(run_dir / "checkpoint.pt", weights_only=True)
+        return made[extra]
+
+    return get
+
+
+def send_to_ranks(agent: psutil.Process, signum: int) -> int:
+    """Signal the job's ranks (the agent's children), as SLURM signals every task."""
+    ranks = agent.children()
+    for rank in ranks:
+        rank.send_signal(signum)
+    return len(ranks)
+
+
+def signal_ranks_after(proc, marker: str, signum: int, timeout: float = 300) -> str:
+    """Read the job's output until ``marker``, signal its ranks, return everything printed."""
+    lines, deadline = [], time.monotonic() + timeout
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        lines.append(line)
+        if marker in line:
+            assert send_to_ranks(psutil.Process(proc.pid), signum) == 2
+            break
+        assert time.monotonic() < deadline, "".join(lines[-20:])
+    return "".join(lines) + finish(proc, timeout)
+
+
+@pytest.mark.parametrize(
+    ("extra", "stops_at"),
+    [
+        # Ranks agree only at an epoch's last step: the stop lands there.
+        pytest.param((), {STEPS}, id="epoch_end"),
+        # ... and every 2 steps: mid-epoch (unless the signal came late in the epoch).
+        pytest.param(("logger.log_every_n_steps=2",), {2, 4, STEPS}, id="mid_epoch"),
+        # An epoch cut to 3 batches, stopped at its last (a log point too): the resumed run
+        # trains no batch more of it.
+        pytest.param(
+            ("bench.max_batches=3", "logger.log_every_n_steps=3"), {3}, id="max_batches_end"
+        ),
+    ],
+)
+def test_usr2_stops_two_ranks_within_the_bound_and_the_run_continues_exactly(
+    extra: tuple[str, ...],
+    stops_at: set[int],
+    uninterrupted,
+    small_root: Path,
+    tmp_path: Path,
+) -> None:
+    run_dir = tmp_path / "run"
+    args = [*RECIPE, f"dataset.root={small_root}", *extra, f"hydra.run.dir={run_dir}"]
+    # USR2 right after epoch 1's row: the stop comes in epoch 2, at its first agreed step.
+    output = signal_ranks_after(start_torchrun(*args, cwd=tmp_path), "epoch 1/3:", signal.SIGUSR2)
+    assert "preempted (SIGUSR2)" in output, output[-4000:]
+    stopped = torch.load(run_dir / "checkpoint.pt", weights_only=True)
+    assert stopped["epoch"] == 1 and stopped["batches"] in stops_at, output[-3000:]
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    assert metrics["status"] == "preempted"
+
+    continued = torchrun(*args, cwd=tmp_path).stdout  # the requeued job: same command, no flag
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    assert metrics["status"] == "ok" and metrics["epochs"] == 3 and metrics["requeues"] == 1
+    assert "loss nan" not in continued, continued[-3000:]
+    expected = uninterrupted(*[e for e in extra if e.startswith("bench.")])
+    resumed = torch.load(run_dir / "checkpoint.pt", weights_only=True)
+    assert resumed["epoch"] == 3 and resumed["batches"] == 0
+    for name, tensor in expected["model"].items():
+        torch.testing.assert_close(
+            resumed["model"][name], tensor, rtol=1e-5, atol=1e-6, msg=lambda m, n=name: f"{n}: {m}"
+        )
+    # The interrupted epoch's loss is the whole epoch's (each rank's running mean was kept).
+    for key in ("loss", "top1", "val_loss"):
+        assert resumed["metrics"][key] == pytest.approx(expected["metrics"][key], rel=1e-5), key
+    assert stopped["world_size"] == 2 and len(stopped["ranks"]) == 2  # each rank's state
+
+
+def test_a_resume_that_would_change_the_run_is_refused_naming_the_key(
+    tiny_root: Path, tmp_path: Path
+) -> None:
+    common = [
+        f"dataset.root={tiny_root}",
+        "device=cpu",
+        "logger=none",
+        "model.name=test_resnet",
+        "loader.batch_size=4",
+        "loader.num_workers=0",
+        "epochs=2",
+    ]
+    run_entry("train.py", *common, "train.stop_after_epochs=1", cwd=tmp_path)
+    (run_dir,) = run_dirs(tmp_path, "train")
+    resume = ["train.resume=true", f"checkpoint={run_dir / 'checkpoint.pt'}"]
+
+    other = tmp_path / "other_batch"
+    other.mkdir()
+    proc = run_entry("train.py", *common, *resume, "loader.batch_size=3", cwd=other, check=False)
+    assert proc.returncode != 0
+    assert "loader.batch_size=3 but checkpoint" in proc.stderr, proc.stderr[-3000:]
+
+    two = tmp_path / "two_ranks"
+    two.mkdir()
+    proc = torchrun(*common, *resume, cwd=two, check=False, timeout=300)
+    assert proc.returncode != 0
+    assert "world size (WORLD_SIZE) 2 but checkpoint" in proc.stdout, proc.stdout[-3000:]
