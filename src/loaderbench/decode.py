@@ -9,9 +9,10 @@ load is passed over with one log line naming it and the reason. ``backend(device
 choice (metrics.json's ``loader_<split>_jpeg_backend``), ``region_decode(device)`` says whether
 it decodes regions.
 
-Each keeps its place by a measurement (``python -m loaderbench.bench.backends
-PHOTOS``: 400 real ImageNet photos (github.com/EliSchwartz/imagenet-sample-images), the boxes ``seeded_crops`` draws for 224 px; CPU ms an
-image, ranges over three runs on this shared 2-core machine, where wall time is not reliable):
+Each keeps its place by a measurement (``python -m loaderbench.bench.backends PHOTOS``: 400
+real ImageNet photos, github.com/EliSchwartz/imagenet-sample-images, the boxes
+``seeded_crops`` draws for 224 px; CPU ms an image, ranges over three runs on this shared
+2-core machine, where wall time is not reliable):
 
 * ``nvimgcodec`` (NVIDIA nvImageCodec: libjpeg-turbo on the CPU, nvJPEG on a GPU, the library
   DALI decodes with): the only one that decodes a region (libjpeg-turbo's

@@ -179,12 +179,18 @@ def jpeg_header(data: bytes | memoryview) -> JpegHeader | None:
 JPEG_TAIL_SCAN = 64 * 1024
 
 
-def jpeg_ends(tail: bytes) -> bool:
-    """Whether a JPEG's last ``JPEG_TAIL_SCAN`` bytes hold an end-of-image marker after its
-    last scan. Pillow refuses a JPEG cut anywhere before that marker ("image file is
-    truncated", even one byte short); FFmpeg decodes one cut 100 bytes short with no error, so
-    such files go to PIL for its verdict. Entropy-coded data never holds 0xFF 0xD9."""
-    return tail.rfind(b"\xff\xd9") > tail.rfind(b"\xff\xda")
+def jpeg_ends(data: bytes | memoryview) -> bool:
+    """Whether a JPEG (its whole bytes) has an end-of-image marker after its last scan, within
+    its last ``JPEG_TAIL_SCAN`` bytes. Pillow refuses a JPEG cut anywhere before that marker
+    ("image file is truncated", even one byte short); FFmpeg decodes one cut 100 bytes short
+    with no error, so such files go to PIL for its verdict. Entropy-coded data never holds
+    0xFF 0xD9, so a file ending with it is whole (no copy made: the usual case)."""
+    data = memoryview(data)
+    if bytes(data[-2:]) == b"\xff\xd9":
+        return True
+    tail = bytes(data[-JPEG_TAIL_SCAN:])
+    end = tail.rfind(b"\xff\xd9")  # what follows it is a trailer, unless it holds a scan
+    return end >= 0 and tail.find(b"\xff\xda", end) < 0
 
 
 def fast_decodable(header: JpegHeader | None) -> bool:

@@ -76,7 +76,6 @@ from loaderbench import decode
 from loaderbench.buffers import BatchBuffers
 from loaderbench.decode import Box, Decoded, batch_decoder, decode_cpu, require_cuda
 from loaderbench.images import (
-    JPEG_TAIL_SCAN,
     check_size,
     fast_decodable,
     jpeg_ends,
@@ -353,7 +352,7 @@ def open_file(sample: Sample) -> Opened:
     refuses and some fast decoders do not. Raises for an unreadable file."""
     data = read_bytes(sample.path)
     header = jpeg_header(memoryview(data[:JPEG_HEADER_SCAN].numpy())) if is_jpeg(data) else None
-    whole = header is not None and jpeg_ends(data[-JPEG_TAIL_SCAN:].numpy().tobytes())
+    whole = header is not None and jpeg_ends(memoryview(data.numpy()))
     if not (whole and fast_decodable(header)):
         image = decode_generic(sample.path)
         return Opened(sample, image.shape[-2], image.shape[-1], image)
