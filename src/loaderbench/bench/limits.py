@@ -22,8 +22,15 @@ also runs in a plain ``ThreadPoolExecutor`` of one thread per core over the same
 a thread pipeline with no overhead at all reaches on this machine, where cores share caches,
 memory bandwidth and clock boost, so it is the yardstick for a pipeline's own overhead.
 
+The train pipelines have limits of their own, measured the same way (the same boxes and flips
+every loader draws, one thread x cores, and a plain pool): the region decode limit for those
+that decode their crops per epoch, and the crop-and-resize limit for memmap's raw store, which
+decodes nothing: its work per image is cutting the box from the stored row, resizing it and
+flipping it (``measure_crop_limit``, over rows decoded as the store keeps them).
+
 ``python -m loaderbench.bench.limits [--root DIR] [--image-size 224] [METRICS_JSON ...]`` prints
-the candidates, the limit and, for each ``metrics.json`` of a ``model=none`` eval run, the ratios.
+the candidates, the limits and, for each ``metrics.json`` of a ``model=none`` run, the ratios
+to the limit of its work (a raw store's train run: the crop-and-resize limit).
 """
 
 from __future__ import annotations
