@@ -48,6 +48,7 @@ from loaderbench.bench.limits import (
     DecodeLimit,
     measure_crop_limit,
     measure_decode_limit,
+    measure_region_decode_limit,
     usable_cores,
 )
 from loaderbench.bench.stores import CORES, StoreRow, measure_stores, store_lines
@@ -81,6 +82,7 @@ class Options:
     drop_page_cache: bool = False
     repeats: int = 2
     root: Path | None = None
+    own_data: bool = False  # --root: the user's images, not the generated set
 
     @property
     def work(self) -> Path:
@@ -414,7 +416,8 @@ def header_lines(opts: Options, wall_s: float) -> list[str]:
         "",
         f"Machine: {platform.machine()}, {usable_cores()} usable cores, Python "
         f"{platform.python_version()}, torch {torch.__version__}. Data: "
-        f"{'quick ' if opts.quick else ''}synthetic ImageNet-like JPEGs at {opts.root}; "
+        f"{'your images' if opts.own_data else 'quick ' if opts.quick else ''}"
+        f"{'' if opts.own_data else 'synthetic ImageNet-like JPEGs'} at {opts.root}; "
         f"image_size {opts.image_size}, batch_size {opts.batch_size}, "
         f"{opts.epochs['val']} passes over val and {opts.epochs['train']} over train, "
         f"page cache: {'cold (evicted before each run)' if opts.drop_page_cache else 'warm'}. "
@@ -681,6 +684,15 @@ def ffcv_store_lines(rows: list[Row], stores: list[StoreRow], workers: int) -> l
     return ["", *lines]
 
 
+def bench_args(opts: Options) -> str:
+    """What ``make bench`` was given for this report (the data set and the quick mode)."""
+    args = [
+        *(["--quick"] if opts.quick else []),
+        *([f"--root {opts.root}"] if opts.own_data else []),
+    ]
+    return f' BENCH_ARGS="{" ".join(args)}"' if args else ""
+
+
 def write_report(
     opts: Options,
     rows: list[Row],
@@ -690,6 +702,7 @@ def write_report(
     wall_s: float,
     stores: list[StoreRow],
     crop: DecodeLimit | None = None,
+    region: DecodeLimit | None = None,
 ) -> None:
     """report.md, report.json and report.png in ``opts.out``."""
     lines = [
@@ -697,13 +710,15 @@ def write_report(
         *answer_lines(rows),
         *limit_lines(decode, copy_bps, image_bytes),
         *crop_limit_lines(crop),
+        *region_limit_lines(region),
         *pipeline_lines(rows),
         *ratio_lines(opts, rows, decode),
+        *region_share_lines(rows, region),
         "",
         *store_lines(stores),
         *ffcv_store_lines(rows, stores, max(opts.workers)),
         "",
-        f"Command: `make bench{' BENCH_ARGS=--quick' if opts.quick else ''}`",
+        f"Command: `make bench{bench_args(opts)}`",
         "",
     ]
     (opts.out / "report.md").write_text("\n".join(lines))
@@ -711,6 +726,7 @@ def write_report(
         "rows": [{**row.__dict__, "share": row.share} for row in rows],
         "decode_limit": decode.as_dict(),
         "crop_limit": None if crop is None else crop.as_dict(),
+        "region_decode_limit": None if region is None else region.as_dict(),
         "memory_copy_bytes_per_s": copy_bps,
         "ffcv_version": ffcv_version(),
         "stores": [
@@ -768,6 +784,13 @@ def parse_options(argv: list[str] | None = None) -> Options:
     parser.add_argument("--epochs", default="4,3", help="passes over val,train")
     parser.add_argument("--drop-page-cache", action="store_true")
     parser.add_argument(
+        "--root",
+        type=Path,
+        default=None,
+        help="your own data set (train/ and val/ in ImageFolder layout) instead of the "
+        "generated one",
+    )
+    parser.add_argument(
         "--repeats", type=int, default=None, help="best of this many runs (default 2; quick 1)"
     )
     args = parser.parse_args(argv)
@@ -785,6 +808,8 @@ def parse_options(argv: list[str] | None = None) -> Options:
         epochs=dict(zip(("val", "train"), map(int, args.epochs.split(",")), strict=True)),
         drop_page_cache=args.drop_page_cache,
         repeats=max(1, args.repeats or (1 if args.quick else 2)),
+        root=args.root.absolute() if args.root else None,
+        own_data=args.root is not None,
     )
 
 
@@ -809,6 +834,53 @@ def measure_crop(opts: Options, root: Path) -> DecodeLimit:
     return measure_crop_limit(paths, opts.image_size, repeats=opts.repeats)
 
 
+def measure_region(opts: Options, root: Path) -> DecodeLimit | None:
+    """The region decode limit over the train images (the same subset as the crop limit's),
+    with their epoch-0 boxes; None where no CPU JPEG backend decodes regions here."""
+    from loaderbench import decode
+    from loaderbench.data import scan_image_folder, spread_indices
+
+    if not decode.region_decode("cpu"):
+        return None
+    _, paths, _ = scan_image_folder(root / "train")
+    paths = [paths[i] for i in spread_indices(len(paths), min(len(paths), CROP_LIMIT_IMAGES))]
+    return measure_region_decode_limit(paths, opts.image_size, repeats=opts.repeats)
+
+
+def region_limit_lines(region: DecodeLimit | None) -> list[str]:
+    """The region decode limit's lines of the limits table: the train job (read, decode the
+    box, resize, flip) of a loader that decodes its crops per epoch, region against whole."""
+    if region is None:
+        return []
+    lines = [
+        f"| single-core train job, {rate.name} | {rate.images_per_s:,.1f} images/s |"
+        for rate in sorted(region.rates, key=lambda r: -r.images_per_s)
+    ]
+    lines.append(
+        f"| region decode limit ({region.cores} cores x {region.best.name}) | "
+        f"{region.images_per_s:,.1f} images/s |"
+    )
+    if region.pool is not None:
+        lines.append(
+            f"| plain thread pool ({region.pool.name}, train job) | "
+            f"{region.pool.images_per_s:,.1f} images/s = "
+            f"{100 * region.ratio(region.pool.images_per_s):.1f}% of the region decode limit |"
+        )
+    return lines
+
+
+def region_share_lines(rows: list[Row], region: DecodeLimit | None) -> list[str]:
+    """spdl's train rows against the limit of their work: decoding each crop's region."""
+    if region is None:
+        return []
+    return [
+        f"- train, spdl at {row.workers} workers: "
+        f"{100 * region.ratio(row.images_per_s):.1f}% of the region decode limit"
+        for row in rows
+        if row.pipeline == "train" and row.name == "spdl"
+    ]
+
+
 def measure_rows(
     opts: Options,
     root: Path,
@@ -831,7 +903,9 @@ def main(argv: list[str] | None = None) -> int:
     opts = parse_options(argv)
     opts.out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
-    opts.root = ensure_synthetic(opts.spec, (opts.work / "data") if opts.quick else REPO / "data")
+    if not opts.own_data:
+        data = (opts.work / "data") if opts.quick else REPO / "data"
+        opts.root = ensure_synthetic(opts.spec, data)
     os.environ.setdefault("WANDB_MODE", "disabled")
     decode, copy_bps = measure_limits(opts, opts.root)
     crop = measure_crop(opts, opts.root)
@@ -842,8 +916,9 @@ def main(argv: list[str] | None = None) -> int:
         opts.work,
         max(opts.workers),
     )
+    region = measure_region(opts, opts.root)
     wall_s = time.perf_counter() - started
-    write_report(opts, rows, decode, copy_bps, image_bytes, wall_s, stores, crop)
+    write_report(opts, rows, decode, copy_bps, image_bytes, wall_s, stores, crop, region)
     print((opts.out / "report.md").read_text())
     return 0
 
