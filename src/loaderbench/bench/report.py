@@ -451,29 +451,31 @@ def limit_lines(decode: DecodeLimit, copy_bps: float, image_bytes: int) -> list[
     return lines
 
 
-def crop_limit_lines(crop: DecodeLimit | None) -> list[str]:
-    """The crop-and-resize limit's lines of the limits table (memmap's train rows' limit)."""
-    if crop is None:
+def job_limit_lines(limit: DecodeLimit | None, job: str) -> list[str]:
+    """A train job's limit in the limits table (the crop-and-resize limit of memmap's raw
+    rows, the region decode limit of the loaders that decode their crops): each way's
+    single-core rate, the limit, the plain pool's share of it, and what the flips cost."""
+    if limit is None:
         return []
     lines = [
-        f"| single-core {rate.name} crop + resize + flip | {rate.images_per_s:,.1f} images/s |"
-        for rate in sorted(crop.rates, key=lambda r: -r.images_per_s)
+        f"| single-core {rate.name} {job} | {rate.images_per_s:,.1f} images/s |"
+        for rate in sorted(limit.rates, key=lambda r: -r.images_per_s)
     ]
     lines.append(
-        f"| crop-and-resize limit ({crop.cores} cores x {crop.best.name}) | "
-        f"{crop.images_per_s:,.1f} images/s |"
+        f"| {limit.title} ({limit.cores} cores x {limit.best.name}) | "
+        f"{limit.images_per_s:,.1f} images/s |"
     )
-    if crop.pool is not None:
+    if limit.pool is not None:
         lines.append(
-            f"| plain thread pool ({crop.pool.name}, crop + resize + flip) | "
-            f"{crop.pool.images_per_s:,.1f} images/s = "
-            f"{100 * crop.ratio(crop.pool.images_per_s):.1f}% of the crop-and-resize limit |"
+            f"| plain thread pool ({limit.pool.name}, {job}) | "
+            f"{limit.pool.images_per_s:,.1f} images/s = "
+            f"{100 * limit.ratio(limit.pool.images_per_s):.1f}% of the {limit.title} |"
         )
-    if crop.without_flips is not None:
-        alone = crop.without_flips.images_per_s
+    if limit.without_flips is not None:
+        alone = limit.without_flips.images_per_s
         lines.append(
-            f"| single-core {crop.without_flips.name} (the resize alone) | {alone:,.1f} "
-            f"images/s: the flips cost {100 * (1 - crop.best.images_per_s / alone):.1f}% |"
+            f"| single-core {limit.without_flips.name} (the resize alone) | {alone:,.1f} "
+            f"images/s: the flips cost {100 * (1 - limit.best.images_per_s / alone):.1f}% |"
         )
     return lines
 
@@ -709,8 +711,8 @@ def write_report(
         *header_lines(opts, wall_s),
         *answer_lines(rows),
         *limit_lines(decode, copy_bps, image_bytes),
-        *crop_limit_lines(crop),
-        *region_limit_lines(region),
+        *job_limit_lines(crop, "crop + resize + flip"),
+        *job_limit_lines(region, "train job"),
         *pipeline_lines(rows),
         *ratio_lines(opts, rows, decode),
         *region_share_lines(rows, region),
@@ -845,28 +847,6 @@ def measure_region(opts: Options, root: Path) -> DecodeLimit | None:
     _, paths, _ = scan_image_folder(root / "train")
     paths = [paths[i] for i in spread_indices(len(paths), min(len(paths), CROP_LIMIT_IMAGES))]
     return measure_region_decode_limit(paths, opts.image_size, repeats=opts.repeats)
-
-
-def region_limit_lines(region: DecodeLimit | None) -> list[str]:
-    """The region decode limit's lines of the limits table: the train job (read, decode the
-    box, resize, flip) of a loader that decodes its crops per epoch, region against whole."""
-    if region is None:
-        return []
-    lines = [
-        f"| single-core train job, {rate.name} | {rate.images_per_s:,.1f} images/s |"
-        for rate in sorted(region.rates, key=lambda r: -r.images_per_s)
-    ]
-    lines.append(
-        f"| region decode limit ({region.cores} cores x {region.best.name}) | "
-        f"{region.images_per_s:,.1f} images/s |"
-    )
-    if region.pool is not None:
-        lines.append(
-            f"| plain thread pool ({region.pool.name}, train job) | "
-            f"{region.pool.images_per_s:,.1f} images/s = "
-            f"{100 * region.ratio(region.pool.images_per_s):.1f}% of the region decode limit |"
-        )
-    return lines
 
 
 def region_share_lines(rows: list[Row], region: DecodeLimit | None) -> list[str]:
