@@ -48,6 +48,9 @@ write_config() {
     cpus=$(nproc)
     memory=$(($(awk '/MemTotal/ {print $2}' /proc/meminfo) / 1024 * 9 / 10))
     mkdir -p "$DIR/state" "$DIR/spool" "$DIR/munge"
+    # Quick turns for tests: a requeued job waits cred_expire seconds (120 by default) before
+    # it may start again, and pending jobs are looked at every sched_interval/bf_interval
+    # seconds (60/30 by default).
     cat >"$DIR/slurm.conf" <<EOF
 ClusterName=loaderbench
 SlurmctldHost=$host(127.0.0.1)
@@ -56,7 +59,7 @@ SlurmdPort=$((PORT + 1))
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
-AuthInfo=socket=$DIR/munge/munge.socket
+AuthInfo=socket=$DIR/munge/munge.socket,cred_expire=10
 CredType=cred/munge
 MpiDefault=none
 ProctrackType=proctrack/linuxproc
@@ -64,6 +67,7 @@ TaskPlugin=task/none
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 SchedulerType=sched/backfill
+SchedulerParameters=sched_interval=1,bf_interval=1
 JobRequeue=1
 ReturnToService=2
 StateSaveLocation=$DIR/state

@@ -397,6 +397,38 @@ def test_stores_are_projected_to_imagenet_from_their_runs(bench: dict[str, Any])
     assert by_json[("val", "raw")]["bytes_per_image"] == 3 * size * size  # exact crops
 
 
+def test_auto_has_a_line_per_pipeline_from_its_runs(bench: dict[str, Any]) -> None:
+    """Each loader once more with loader.num_workers=auto: the count its probe chose (on the
+    ladder of this machine's CPUs), that run's images/s against the sweep's best count (one
+    in quick mode), the fewest swept counts within 5% of it, the probe's seconds."""
+    from loaderbench.autotune import cpus_allowed, worker_ladder
+
+    section = bench["md"].split("## num_workers=auto", 1)[1].split("\n## ", 1)[0]
+    lines = [line for line in section.splitlines() if line.startswith("- ")]
+    assert len(lines) == len(TASKS) * len(LOADERS)
+    auto = {(r["pipeline"], r["name"]): r for r in bench["json"]["auto"]}
+    for task in TASKS:
+        with open(bench["out"] / "work" / task / "auto0" / "summary.csv") as f:
+            runs = list(csv.DictReader(f))
+        assert {r["loader"] for r in runs} == set(LOADERS)
+        for run in runs:
+            name, row = run["loader"], auto[(task, run["loader"])]
+            assert run["status"] == "ok", run
+            assert row["workers"] == int(run["num_workers"])
+            assert row["workers"] in worker_ladder(cpus_allowed())
+            assert row["images_per_s"] == pytest.approx(float(run["images_per_s"]), rel=1e-9)
+            assert 0 < row["autotune_s"] == pytest.approx(float(run["autotune_s"]), rel=1e-9)
+            assert row["autotune_s"] < row["wall_s"]
+            [line] = [line for line in lines if line.startswith(f"- {task}, {name}: ")]
+            assert f"chose {row['workers']} workers" in line
+            swept = ips(bench, task, name, WORKERS)
+            share = float(search(r"= ([\d.]+)% of the best swept count", line))
+            assert close_ratio(share, 100 * row["images_per_s"], swept), line
+            assert f"({WORKERS} workers: " in line and f"within 5%: {WORKERS}" in line
+            probe_s = float(search(r"; probe ([\d.]+) s of the run", line))
+            assert probe_s == pytest.approx(row["autotune_s"], abs=0.006)
+
+
 def test_charts_are_written(bench: dict[str, Any]) -> None:
     for name in ("report.png", "sweep_val.png", "sweep_train.png"):
         assert (bench["out"] / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name

@@ -13,7 +13,7 @@ import torch
 from omegaconf import OmegaConf
 
 from loaderbench.config import DatasetConfig
-from loaderbench.data import DatasetError, DatasetIndex, discover
+from loaderbench.data import DatasetError, DatasetIndex, discover, parse_wnid
 from loaderbench.loaders import build_loader
 from tests.conftest import cpu_spec, run_entry, single_run
 
@@ -61,8 +61,9 @@ def test_file_list_labels_match_image_folder_labels(tiny_root: Path, tmp_path: P
 def test_absolute_paths_with_a_wnid_like_prefix_label_by_class_folder(
     tiny_root: Path, tmp_path: Path
 ) -> None:
-    """``n\\d{8}`` inside "run20240101" once gave every image the class n20240101."""
-    root = tmp_path / "run20240101" / "imagenet"
+    """``n\\d{8}`` inside "run20240101" once gave every image the class n20240101; a folder
+    named like a WNID above the split is not a class either."""
+    root = tmp_path / "run20240101" / "n12345678" / "imagenet"
     shutil.copytree(tiny_root, root)
     lists = []
     for split in ("train", "val"):
@@ -74,6 +75,27 @@ def test_absolute_paths_with_a_wnid_like_prefix_label_by_class_folder(
     assert flist.classes == folder.classes == ("n00000001", "n00000002", "n00000003")
     for name in ("train", "val"):
         assert list(flist.split(name).labels) == list(folder.split(name).labels)
+
+
+@pytest.mark.parametrize(
+    ("path", "wnid"),
+    [
+        ("/data/run20240101/train/n01440764/x.JPEG", "n01440764"),
+        ("/data/n12345678/train/n01440764/x.JPEG", "n01440764"),
+        ("/data/n12345678/val/n01440764_10026.JPEG", "n01440764"),  # flat: the file's prefix
+        ("train/n01440764/n02102040_7.JPEG", "n01440764"),  # the class folder comes first
+    ],
+)
+def test_the_wnid_is_the_class_folders_or_the_file_names(path: str, wnid: str) -> None:
+    assert parse_wnid(path) == wnid
+
+
+@pytest.mark.parametrize(
+    "path", ["/data/n12345678/val/x.JPEG", "/data/run20240101/n0144076/x.JPEG", "n01440764x.JPEG"]
+)
+def test_a_path_whose_own_names_hold_no_wnid_is_refused(path: str) -> None:
+    with pytest.raises(DatasetError, match="no WordNet ID"):
+        parse_wnid(path)
 
 
 def test_file_list_without_wnids_names_the_line(tiny_root: Path, tmp_path: Path) -> None:

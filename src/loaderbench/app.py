@@ -14,6 +14,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
+from loaderbench.autotune import evaluation_workload, settle_num_workers, training_workload
 from loaderbench.checkpoint import load_checkpoint
 from loaderbench.engine import consume
 from loaderbench.fitting import evaluation_pass
@@ -78,6 +79,7 @@ def evaluate_model(session: Session, model: nn.Module, loader: Loader) -> dict[s
 def train(cfg: DictConfig) -> dict[str, Any]:
     with open_session(cfg, "train") as session:
         model = build_model(cfg.model, session.dataset.num_classes, session.device)
+        settle_num_workers(session, training_workload(session, model, cfg.image_size))
         with session.open_loader("train", train=True, image_size=cfg.image_size) as loader:
             if model is None:
                 session.record(measure_loader(session, loader, cfg.bench.epochs))
@@ -154,6 +156,9 @@ def evaluate_checkpoint(cfg: DictConfig) -> dict[str, Any]:
         session.record(image_size=image_size)
         if trained is not None:
             session.record(model=trained.name, checkpoint=trained.checkpoint)
+        bare = trained.model if trained is not None else None
+        workload = evaluation_workload(session, bare, image_size, trained and trained.name)
+        settle_num_workers(session, workload)
         with session.open_loader("val", train=False, image_size=image_size) as loader:
             if trained is None:
                 session.record(measure_loader(session, loader, cfg.bench.epochs))

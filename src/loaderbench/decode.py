@@ -27,8 +27,8 @@ real ImageNet photos, github.com/EliSchwartz/imagenet-sample-images, the boxes
   grey, CMYK, progressive and restart-marker JPEGs, and a region's are identical to the same
   crop of a whole decode, boxes at every edge included (tests/test_decode.py); it is told not
   to apply EXIF orientation (its default does). YCCK JPEGs come out up to 1 grey level off
-  Pillow's colour conversion, so those go to PIL with every JPEG that
-  ``images.fast_decodable`` keeps from the fast decoders (the loaders' one rule), as do the
+  Pillow's colour conversion, so those go to PIL with every file that
+  ``images.fast_jpeg`` keeps from the fast decoders (the loaders' one rule), as do the
   rare files it refuses (PIL then says why, or decodes them).
 * ``torchcodec``: libjpeg-turbo (1.49-1.61 ms) and a batched nvJPEG, whole images only; kept
   for where nvImageCodec does not load (on the GPU machine: where no nvJPEG library is found),
@@ -352,12 +352,12 @@ class NvImageCodecBackend(JpegBackend):
         return results  # type: ignore[return-value]
 
     def _code_stream(self, data: torch.Tensor, box: Box | None) -> Any:
-        """The JPEG's code stream (its headers parsed), cut to ``box``; None for a JPEG that
-        PIL decodes (``images.fast_decodable``: CMYK and YCCK, whose colours Pillow converts
-        the reference way, among others)."""
-        from loaderbench.images import fast_decodable, jpeg_header
+        """The JPEG's code stream (its headers parsed), cut to ``box``; None for a file that
+        PIL decodes (``images.fast_jpeg``, the loaders' one rule: CMYK and YCCK, whose colours
+        Pillow converts the reference way, among others)."""
+        from loaderbench.images import fast_jpeg
 
-        if not fast_decodable(jpeg_header(memoryview(data.numpy()))):
+        if fast_jpeg(data.numpy()) is None:
             return None
         nv = self._module
         stream = nv.CodeStream(data.numpy())

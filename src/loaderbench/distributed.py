@@ -91,17 +91,28 @@ def shutdown(failed: bool = False) -> None:
         dist.destroy_process_group()
 
 
+def _collective_device() -> torch.device:
+    """Where the process group's collectives take their tensors (NCCL: this rank's GPU)."""
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
 def all_reduce(values: list[float], op: str = "sum") -> list[float]:
     """Sum (or max) of each value across ranks; the identity in a single process."""
     if not dist.is_initialized():
         return values
-    device = (
-        torch.device("cuda", torch.cuda.current_device())
-        if (dist.get_backend() == "nccl")
-        else torch.device("cpu")
-    )
-    tensor = torch.tensor(values, dtype=torch.float64, device=device)
+    tensor = torch.tensor(values, dtype=torch.float64, device=_collective_device())
     dist.all_reduce(tensor, op=dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.SUM)
+    return tensor.tolist()
+
+
+def broadcast_values(values: list[float]) -> list[float]:
+    """Rank 0's ``values`` on every rank (as given in a single process)."""
+    if not dist.is_initialized():
+        return values
+    tensor = torch.tensor(values, dtype=torch.float64, device=_collective_device())
+    dist.broadcast(tensor, src=0)
     return tensor.tolist()
 
 

@@ -5,7 +5,11 @@ Every decode path goes through here before it spends memory on pixels:
 * **Size limit** (``dataset.max_image_pixels``, default 178,956,970: PIL's own bomb threshold):
   the header is read first, and an image with more pixels is refused with ``ImageTooLarge``
   naming the file and its size, so a 60000 x 60000 "JPEG" of a few kilobytes cannot allocate
-  10 GB in a worker. The loaders treat it as any unreadable file (``dataset.on_error``).
+  10 GB in a worker; PIL's own check, at the same limit, refuses an image found inside the
+  file (an ICNS or ICO holding a PNG), also as ``ImageTooLarge``. The loaders treat it as any
+  unreadable file (``dataset.on_error``).
+* **Admission** (``fast_jpeg``): from a file's bytes, whether a fast JPEG decoder may take it;
+  every other file is Pillow's to read or refuse, in every loader.
 * **Colour modes**: grayscale, CMYK, palette and RGBA become RGB (alpha dropped, as PIL's
   ``convert`` does); 16-bit and 32-bit integer images (16-bit PNGs, I;16 TIFFs) are scaled to
   8 bits by their high byte rather than clipped at 255 (PIL's ``convert`` would turn a 16-bit
@@ -23,7 +27,8 @@ worker process is forked, so workers inherit it).
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import BinaryIO, NamedTuple
 
 import numpy as np
@@ -42,8 +47,19 @@ DEFAULT_MAX_PIXELS = 2 * 89_478_485
 
 _max_pixels: int | None = DEFAULT_MAX_PIXELS
 
-# Our own check replaces PIL's warning at 89M pixels and its error at 179M, for every format.
-Image.MAX_IMAGE_PIXELS = None
+# Our own check (``check_size``, on the outer header) replaces PIL's warning at 89M pixels.
+# PIL's own error stays, at the same limit, for the images it opens inside a file (an ICNS or
+# ICO holding a PNG, a TIFF's JPEG tiles) whose size no outer header gives: without it a
+# 256 x 256 ICNS of a few kilobytes allocates 8 GB (Pillow's Tests/images/oom-8ed3316a...).
+warnings.filterwarnings("ignore", category=Image.DecompressionBombWarning)
+
+
+def _pil_limit(limit: int | None) -> int | None:
+    """PIL's MAX_IMAGE_PIXELS for our limit: PIL refuses more than twice it."""
+    return None if limit is None else -(-limit // 2)
+
+
+Image.MAX_IMAGE_PIXELS = _pil_limit(DEFAULT_MAX_PIXELS)
 
 
 class ImageTooLarge(OSError):
@@ -54,6 +70,7 @@ def set_max_pixels(limit: int | None) -> None:
     """The pixel limit for this process (None: no limit)."""
     global _max_pixels
     _max_pixels = limit
+    Image.MAX_IMAGE_PIXELS = _pil_limit(limit)
 
 
 def max_pixels() -> int | None:
@@ -70,10 +87,29 @@ def check_size(width: int, height: int, path: str) -> None:
         )
 
 
+@contextmanager
+def bombs_named(path: str) -> Iterator[None]:
+    """PIL's own refusal of an image over the limit (one it opens inside the file, or the
+    file's own) as ``ImageTooLarge`` naming the file and the setting."""
+    try:
+        yield
+    except Image.DecompressionBombError as error:
+        raise ImageTooLarge(
+            f"image {path} holds an image over dataset.max_image_pixels={_max_pixels:,} "
+            f"(a decompression bomb?): {error} Raise the limit if the file is genuine"
+        ) from error
+
+
 def open_checked(file: BinaryIO, path: str) -> Image.Image:
-    """``Image.open`` (header only) with the size checked; decode it with ``load()``."""
-    image = Image.open(file)
-    check_size(*image.size, path)
+    """``Image.open`` (header only) with the size checked; decode it with ``load()`` inside
+    ``bombs_named``. An image with no pixels (a stub format's, as HDF5's) is refused here, not
+    by each loader's own arithmetic later."""
+    with bombs_named(path):
+        image = Image.open(file)
+    width, height = image.size
+    if width < 1 or height < 1:
+        raise OSError(f"image {path} is {width}x{height} ({image.format}): it holds no pixels")
+    check_size(width, height, path)
     return image
 
 
@@ -110,7 +146,8 @@ def read_rgb(path: str, shrink: Shrink | None = None) -> tuple[Image.Image, tupl
             target = shrink(*size)
             if target != size:
                 image.draft("RGB", target)
-        image.load()
+        with bombs_named(path):
+            image.load()
     return to_rgb(image), shrink(*size) if shrink is not None else size
 
 
@@ -211,12 +248,40 @@ def fast_decodable(header: JpegHeader | None) -> bool:
     )
 
 
+JPEG_MAGIC = b"\xff\xd8\xff"  # start of image, then a marker: how every JPEG begins
+# The frame header follows the EXIF, ICC and quantisation segments: 256 KiB covers them all but
+# for a pathological file (which then goes to PIL).
+JPEG_HEADER_SCAN = 256 * 1024
+
+
+def fast_jpeg(data: bytes | memoryview | np.ndarray) -> JpegHeader | None:
+    """The one admission rule of every decode path, from a file's whole bytes (its signature,
+    never its name): the header of a JPEG that a fast decoder (libjpeg-turbo through any
+    backend, FFmpeg, nvJPEG, nvImageCodec) may take, else None, and PIL (``load_rgb``) reads
+    the file or refuses it, as it does every file in the torchvision loader and the memmap
+    builds. So Pillow, the reference, decides what is an image: the rest of a fast decoder's
+    formats never reach one (FFmpeg reads a PDF, a tar holding a JPEG or a cut PCX that Pillow
+    refuses, and refuses a TIFF that Pillow reads).
+
+    A fast decoder takes a file that starts as a JPEG, whose frame header gives its size
+    (``jpeg_header``), that ``fast_decodable`` lets through (no 4-component or EXIF-oriented
+    JPEG) and that ends with its end-of-image marker (``jpeg_ends``: Pillow refuses a cut
+    one, FFmpeg does not)."""
+    view = memoryview(data).cast("B")
+    if bytes(view[:3]) != JPEG_MAGIC:
+        return None
+    header = jpeg_header(view[:JPEG_HEADER_SCAN])
+    return header if fast_decodable(header) and jpeg_ends(view) else None
+
+
 __all__ = [
     "DEFAULT_MAX_PIXELS",
     "ImageTooLarge",
     "JpegHeader",
+    "bombs_named",
     "check_size",
     "fast_decodable",
+    "fast_jpeg",
     "jpeg_ends",
     "jpeg_header",
     "load_rgb",

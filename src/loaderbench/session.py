@@ -32,6 +32,7 @@ from loaderbench.data import DatasetIndex, discover, resolve_path
 from loaderbench.distributed import DistInfo
 from loaderbench.images import set_max_pixels
 from loaderbench.loaders import Loader, LoaderSettings, LoaderSpec, build_loader
+from loaderbench.loaders.settings import AUTO
 from loaderbench.locking import atomic_write_text
 from loaderbench.meters import (
     CpuWindow,
@@ -81,6 +82,11 @@ class Session:
     metrics: dict[str, Any] = field(default_factory=dict)
     eval_steps: int = 0  # batches over every evaluation pass so far: the eval curves' axis
     resumable: Resumable | None = None  # the run directory's own checkpoint, to continue
+    # Per split, what ``Loader.prepare`` did before its loader was built (memmap: built the
+    # cache), over the loader's own numbers: ``loader.num_workers=auto`` prepares first.
+    prepared: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # Per split, the files (indices) its loaders skipped on this rank, each once.
+    skipped: dict[str, set[int]] = field(default_factory=dict)
 
     def record(self, values: dict[str, Any] | None = None, **more: Any) -> None:
         """Add a step's numbers to the run's metrics (metrics.json and the W&B summary)."""
@@ -110,7 +116,9 @@ class Session:
             yield loader
         finally:
             loader.close()
-            self.record({f"loader_{split}_{k}": v for k, v in loader.stats().items()})
+            self.skipped.setdefault(split, set()).update(loader.skipped_indices())
+            stats = {**loader.stats(), **self.prepared.get(split, {})}
+            self.record({f"loader_{split}_{k}": v for k, v in stats.items()})
 
     def meter(self) -> LoopMeter:
         """A meter for the next loop. The first one marks the end of start-up: ``startup_s``
@@ -282,7 +290,8 @@ def base_metrics(cfg: DictConfig, task: str) -> dict[str, Any]:
         "device": cfg.device.type,
         "precision": cfg.precision.name,
         "batch_size": cfg.loader.batch_size,
-        "num_workers": cfg.loader.num_workers,
+        "num_workers": cfg.loader.num_workers,  # "auto" until the probe settles it
+        "num_workers_auto": cfg.loader.num_workers == AUTO,
         "prefetch": cfg.loader.prefetch,
         "image_size": cfg.image_size,
         "seed": cfg.seed,
@@ -318,7 +327,7 @@ def open_session(cfg: DictConfig, task: str) -> Iterator[Session]:
             session = _set_up(cfg, task, run_dir, info, monitor, metrics)
             yield session
             raise_if_stop_requested()  # a signal whose KeyboardInterrupt Python swallowed
-            metrics.update(_tree_totals(monitor, metrics), status="ok")
+            metrics.update(_tree_totals(session, monitor), status="ok")
         except KeyboardInterrupt:
             metrics["status"] = "interrupted"
             raise
@@ -348,7 +357,8 @@ def _set_up(
     settings = validate_config(cfg)  # every key, before anything starts
     device, precision = start_process(cfg, info)
     metrics.update(world_size=info.world_size, device=str(device))
-    metrics.update(set_intra_op_threads(cfg.runtime.threads, settings.num_workers))
+    if not settings.auto_workers:  # else set for each count the probe tries, then the chosen
+        metrics.update(set_intra_op_threads(cfg.runtime.threads, settings.num_workers))
     dataset = find_dataset(cfg, settings, task, info.world_size)
     metrics.update(dataset_metrics(dataset))
     metrics["page_cache"] = prepare_page_cache(cfg, dataset, getattr(settings, "cache_dir", None))
@@ -373,19 +383,29 @@ def _set_up(
     )
 
 
-def skipped_files(metrics: dict[str, Any]) -> int:
-    """Unreadable files the loaders skipped, over their splits."""
-    return sum(int(v) for k, v in metrics.items() if k.endswith("_skipped_files") and v)
+def skipped_counts(dataset: DatasetIndex, skipped: dict[str, set[int]]) -> dict[str, int]:
+    """``loader_<split>_skipped_files``: the distinct files of each split that were skipped;
+    ``skipped_files``: the distinct files over every split (by path: one file, one count)."""
+    paths = {dataset.split(name).paths[i] for name, indices in skipped.items() for i in indices}
+    counts = {f"loader_{name}_skipped_files": len(indices) for name, indices in skipped.items()}
+    return {**counts, "skipped_files": len(paths)}
 
 
-def _tree_totals(monitor: ProcessTreeMonitor, metrics: dict[str, Any]) -> dict[str, Any]:
-    """Peak memory and skipped files, summed over ranks."""
+def skipped_over_ranks(skipped: dict[str, set[int]]) -> dict[str, set[int]]:
+    """Every rank's skipped files, united per split (a collective: every rank calls it)."""
+    united: dict[str, set[int]] = {}
+    for rank in distributed.gather_objects({name: sorted(i) for name, i in skipped.items()}):
+        for name, indices in rank.items():
+            united.setdefault(name, set()).update(indices)
+    return united
+
+
+def _tree_totals(session: Session, monitor: ProcessTreeMonitor) -> dict[str, Any]:
+    """Peak memory summed over ranks; the skipped files counted over ranks, each once."""
     monitor.sample()
-    peak, skipped = distributed.all_reduce(
-        [float(monitor.peak_rss_bytes), float(skipped_files(metrics))]
-    )
+    (peak,) = distributed.all_reduce([float(monitor.peak_rss_bytes)])
     monitor.peak_rss_bytes = int(peak)
-    return {"skipped_files": int(skipped)}
+    return skipped_counts(session.dataset, skipped_over_ranks(session.skipped))
 
 
 def pinned_host_peak_bytes() -> int:
@@ -408,7 +428,7 @@ def _finish(
     session: Session | None, info: DistInfo, run_dir: Path, metrics: dict[str, Any]
 ) -> None:
     if metrics["status"] != "ok":  # not reduced over ranks: this rank's own count
-        metrics["skipped_files"] = skipped_files(metrics)
+        metrics.update(skipped_counts(session.dataset, session.skipped) if session else {})
     if session is not None and session.device.type == "cuda":
         metrics["pinned_host_peak_mb"] = pinned_host_peak_bytes() / 2**20
     if info.is_main:

@@ -56,6 +56,7 @@ SUMMARY_METRICS = [
     "device",
     "batch_size",
     "num_workers",
+    "autotune_s",  # loader.num_workers=auto: the probe's seconds (the count: num_workers)
     "images",
     "images_per_s",
     "ttfb_s",

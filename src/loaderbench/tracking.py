@@ -22,6 +22,7 @@ class RunLogger(Protocol):
     def log(self, metrics: dict[str, Any], step: int | None = None) -> None: ...
     def summary(self, metrics: dict[str, Any]) -> None: ...
     def log_checkpoint(self, path: Path, epoch: int) -> None: ...
+    def log_table(self, key: str, rows: list[dict[str, Any]]) -> None: ...
     def finish(self, exit_code: int = 0) -> None: ...
 
     @property
@@ -35,6 +36,9 @@ class NullLogger:
         pass
 
     def log_checkpoint(self, path: Path, epoch: int) -> None:
+        pass
+
+    def log_table(self, key: str, rows: list[dict[str, Any]]) -> None:
         pass
 
     def summary(self, metrics: dict[str, Any]) -> None:
@@ -191,6 +195,19 @@ class WandbLogger:
             self.run.log_artifact(artifact, aliases=["latest", f"epoch-{epoch}"])
         except Exception as error:
             log.warning("W&B: logging the checkpoint failed: %s", error)
+
+    def log_table(self, key: str, rows: list[dict[str, Any]]) -> None:
+        """``rows`` (dicts with the same keys) as a W&B table under ``key``."""
+        if not rows:
+            return
+        try:
+            import wandb
+
+            columns = list(rows[0])
+            table = wandb.Table(columns=columns, data=[[row[c] for c in columns] for row in rows])
+            self.run.log({key: table})
+        except Exception as error:
+            log.warning("W&B: logging table %s failed: %s", key, error)
 
     def summary(self, metrics: dict[str, Any]) -> None:
         try:

@@ -65,6 +65,13 @@ FFCV_PEER_STORE = {"memmap": "raw", FFCV_NAMES["raw"]: "raw"}
 # The crop-and-resize limit's train images (stored rows in memory: ~340 KB each at 224 px).
 CROP_LIMIT_IMAGES = 512
 COLOURS = {"torchvision": "C0", "memmap": "C1", "spdl": "C2"}
+# Each loader once more with the count left to its probe, probing afresh every time (a choice
+# remembered from the run before would cost nothing and measure nothing).
+AUTO_SWEPT = [
+    f"loader={','.join(LOADERS)}",
+    "loader.num_workers=auto",
+    "loader.autotune.refresh=true",
+]
 COLOURS |= {name: "C3" for name in DALI_NAMES.values()}
 COLOURS |= {name: "C4" for name in FFCV_NAMES.values()}
 
@@ -121,6 +128,20 @@ class Row:
         return self.images_per_s / self.limit_images_per_s
 
 
+@dataclass
+class AutoRow:
+    """A loader run with ``loader.num_workers=auto``: the count its probe chose, that run's
+    images/s, and what the probe cost against the run's whole wall time."""
+
+    pipeline: str  # val | train
+    name: str
+    workers: int | None
+    images_per_s: float | None
+    autotune_s: float | None
+    wall_s: float | None
+    note: str = ""
+
+
 def memory_copy_bandwidth(nbytes: int = 256 * 2**20, repeats: int = 5) -> float:
     """Bytes per second of a large uint8 tensor copy (the best of ``repeats``)."""
     src = torch.randint(0, 255, (nbytes,), dtype=torch.uint8)
@@ -161,21 +182,24 @@ def sweep_command(
     return cmd
 
 
-def run_sweep(opts: Options, root: Path, task: str, repeat: int = 0) -> list[dict[str, str]]:
-    """Run the sweep of ``task`` (val or train); the rows of its summary.
+def run_sweep(
+    opts: Options, root: Path, task: str, repeat: int = 0, auto: bool = False
+) -> list[dict[str, str]]:
+    """Run the sweep of ``task`` (val or train); the rows of its summary. ``auto``: every loader
+    once with ``loader.num_workers=auto`` instead (``AUTO_SWEPT``).
 
     The runs start in the work folder, so what they write at a relative path lands there and
     never in the repository: the memmap loader's cache above all (``loader.cache_dir=cache``
     by default, hence ``<out>/work/cache``). A sweep over loaders cannot name the cache itself:
     ``loader.cache_dir`` is a memmap key, which the other loaders' settings refuse.
     """
-    sweep_dir = opts.work / task / f"repeat{repeat}"
-    cmd = sweep_command(opts, root, task, sweep_dir)
+    sweep_dir = opts.work / task / f"{'auto' if auto else 'repeat'}{repeat}"
+    cmd = sweep_command(opts, root, task, sweep_dir, AUTO_SWEPT if auto else None)
     print("$", " ".join(cmd[1:]), flush=True)
     opts.work.mkdir(parents=True, exist_ok=True)
     subprocess.run(cmd, cwd=opts.work, check=True)
-    # The sweep's own summary plot, as README shows it.
-    shutil.copyfile(sweep_dir / "summary.png", opts.out / f"sweep_{task}.png")
+    if not auto:  # the sweep's own summary plot, as README shows it
+        shutil.copyfile(sweep_dir / "summary.png", opts.out / f"sweep_{task}.png")
     with open(sweep_dir / "summary.csv") as f:
         return list(csv.DictReader(f))
 
@@ -189,6 +213,36 @@ def best_runs(runs: list[dict[str, str]]) -> list[dict[str, str]]:
         if key not in best or speed > (_float(best[key].get("images_per_s")) or 0.0):
             best[key] = run
     return list(best.values())
+
+
+def auto_rows(task: str, runs: list[dict[str, str]]) -> list[AutoRow]:
+    """Per loader, its ``auto`` run with the most images/s (failed runs only if no other)."""
+    best: dict[str, dict[str, str]] = {}
+    for run in runs:
+        speed = _float(run.get("images_per_s")) or 0.0
+        if run["loader"] not in best or speed > (_float(best[run["loader"]]["images_per_s"]) or 0):
+            best[run["loader"]] = run
+    return [
+        AutoRow(
+            pipeline=task,
+            name=name,
+            workers=int(run["num_workers"]) if run.get("num_workers", "").isdigit() else None,
+            images_per_s=_float(run.get("images_per_s")),
+            autotune_s=_float(run.get("autotune_s")),
+            wall_s=_float(run.get("wall_s")),
+            note="" if run.get("status") == "ok" else f"failed: {run.get('error')}",
+        )
+        for name, run in sorted(best.items())
+    ]
+
+
+def measure_auto(opts: Options, root: Path) -> list[AutoRow]:
+    """Every loader with ``loader.num_workers=auto``, per pass, best of the repeats."""
+    rows = []
+    for task in ("val", "train"):
+        runs = [run for r in range(opts.repeats) for run in run_sweep(opts, root, task, r, True)]
+        rows += auto_rows(task, runs)
+    return rows
 
 
 def _float(value: str | None) -> float | None:
@@ -686,6 +740,43 @@ def ffcv_store_lines(rows: list[Row], stores: list[StoreRow], workers: int) -> l
     return ["", *lines]
 
 
+def auto_lines(rows: list[Row], auto: list[AutoRow], tolerance: float = 0.05) -> list[str]:
+    """A line per pipeline run with ``loader.num_workers=auto``: the count chosen, its images/s
+    against the best count of the sweep, the fewest swept workers within ``tolerance`` of
+    that best, and the probe's seconds."""
+    if not auto:
+        return []
+    lines = [
+        "",
+        "## num_workers=auto",
+        "",
+        "Each loader once more with `loader.num_workers=auto` (probing afresh every time: "
+        "`loader.autotune.refresh=true`; best of the repeats, like the sweeps): the count its "
+        "probe chose, that run's images/s against the best count of the sweep above, the "
+        f"fewest swept workers within {100 * tolerance:.0f}% of that best, and the probe's "
+        "seconds in the run's wall time.",
+        "",
+    ]
+    for row in auto:
+        line = f"- {row.pipeline}, {row.name}: "
+        if row.note or row.workers is None:
+            lines.append(line + (row.note or "no count chosen"))
+            continue
+        swept = [r for r in rows if (r.pipeline, r.name) == (row.pipeline, row.name) and _rate(r)]
+        line += f"chose {row.workers} workers, {_fmt(row.images_per_s)} images/s"
+        if swept:
+            best = max(swept, key=_rate)
+            enough = min(r.workers or 0 for r in swept if _rate(r) >= (1 - tolerance) * _rate(best))
+            line += (
+                f" = {100 * (row.images_per_s or 0.0) / _rate(best):.1f}% of the best swept count "
+                f"({best.workers} workers: {_fmt(best.images_per_s)} images/s); fewest swept "
+                f"within {100 * tolerance:.0f}%: {enough}"
+            )
+        line += f"; probe {_fmt(row.autotune_s, 2)} s of the run's {_fmt(row.wall_s)} s"
+        lines.append(line)
+    return lines
+
+
 def bench_args(opts: Options) -> str:
     """What ``make bench`` was given for this report (the data set and the quick mode)."""
     args = [
@@ -705,6 +796,7 @@ def write_report(
     stores: list[StoreRow],
     crop: DecodeLimit | None = None,
     region: DecodeLimit | None = None,
+    auto: list[AutoRow] | None = None,
 ) -> None:
     """report.md, report.json and report.png in ``opts.out``."""
     lines = [
@@ -716,6 +808,7 @@ def write_report(
         *pipeline_lines(rows),
         *ratio_lines(opts, rows, decode),
         *region_share_lines(rows, region),
+        *auto_lines(rows, auto or []),
         "",
         *store_lines(stores),
         *ffcv_store_lines(rows, stores, max(opts.workers)),
@@ -726,6 +819,7 @@ def write_report(
     (opts.out / "report.md").write_text("\n".join(lines))
     report = {
         "rows": [{**row.__dict__, "share": row.share} for row in rows],
+        "auto": [row.__dict__ for row in auto or []],
         "decode_limit": decode.as_dict(),
         "crop_limit": None if crop is None else crop.as_dict(),
         "region_decode_limit": None if region is None else region.as_dict(),
@@ -891,6 +985,7 @@ def main(argv: list[str] | None = None) -> int:
     crop = measure_crop(opts, opts.root)
     image_bytes = 3 * opts.image_size * opts.image_size
     rows = measure_rows(opts, opts.root, decode, copy_bps / image_bytes, crop)
+    auto = measure_auto(opts, opts.root)
     stores = measure_stores(
         lambda task, sweep_dir, swept: sweep_command(opts, opts.root, task, sweep_dir, swept),
         opts.work,
@@ -898,7 +993,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     region = measure_region(opts, opts.root)
     wall_s = time.perf_counter() - started
-    write_report(opts, rows, decode, copy_bps, image_bytes, wall_s, stores, crop, region)
+    write_report(opts, rows, decode, copy_bps, image_bytes, wall_s, stores, crop, region, auto)
     print((opts.out / "report.md").read_text())
     return 0
 

@@ -12,9 +12,10 @@ from __future__ import annotations
 import functools
 import importlib
 import pkgutil
+from typing import Any
 
 from loaderbench.loaders.base import LOADERS, Batch, Loader, LoaderSpec, register_loader
-from loaderbench.loaders.settings import LoaderSettings
+from loaderbench.loaders.settings import LoaderSettings, is_worker_count
 
 
 @functools.cache
@@ -30,12 +31,27 @@ def settings_class(name: str) -> type[LoaderSettings]:
     return importlib.import_module(f"{__name__}.{name}.settings").Settings
 
 
-def build_loader(spec: LoaderSpec) -> Loader:
-    """The loader ``spec.settings.name``, built for ``spec``."""
+def loader_class(spec: LoaderSpec) -> type[Loader]:
+    """The class of loader ``spec.settings.name``; refuses a worker count not yet settled."""
     name = spec.settings.name
     settings_class(name)  # an unknown name fails here, naming the choices
+    if not is_worker_count(spec.num_workers):
+        raise ValueError(
+            f"loader.num_workers={spec.num_workers!r}: a loader needs a count "
+            "(loaderbench.autotune settles 'auto' before any loader is built)"
+        )
     importlib.import_module(f"{__name__}.{name}.loader")
-    return LOADERS[name](spec)
+    return LOADERS[name]  # type: ignore[return-value]
+
+
+def build_loader(spec: LoaderSpec) -> Loader:
+    """The loader ``spec.settings.name``, built for ``spec``."""
+    return loader_class(spec)(spec)
+
+
+def prepare_loader(spec: LoaderSpec) -> dict[str, Any]:
+    """``Loader.prepare`` of the loader ``spec.settings.name`` (memmap: its cache built)."""
+    return loader_class(spec).prepare(spec)
 
 
 __all__ = [
@@ -45,6 +61,7 @@ __all__ = [
     "LoaderSpec",
     "build_loader",
     "loader_names",
+    "prepare_loader",
     "register_loader",
     "settings_class",
 ]

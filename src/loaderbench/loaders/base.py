@@ -105,6 +105,14 @@ class Loader(abc.ABC):
         self.epoch = 0
         self.start_batch = 0
 
+    @classmethod
+    def prepare(cls, spec: LoaderSpec) -> dict[str, Any]:
+        """Work done once for a split, with ``spec.num_workers`` workers, before any loader of
+        it is built (``loader.num_workers=auto`` prepares with every CPU allowed, then tries
+        counts from 1 up); returns numbers for metrics.json, as ``stats`` does. Nothing here;
+        memmap builds its cache."""
+        return {}
+
     @abc.abstractmethod
     def __iter__(self) -> Iterator[Batch]: ...
 
@@ -119,8 +127,15 @@ class Loader(abc.ABC):
         self.start_batch = start_batch
 
     def stats(self) -> dict[str, Any]:
-        """Loader-specific numbers for metrics.json (``skipped_files`` at least)."""
-        return {"skipped_files": 0}
+        """Loader-specific numbers for metrics.json (``skipped_files`` at least: this rank's,
+        ``len(skipped_indices())``)."""
+        return {"skipped_files": len(self.skipped_indices())}
+
+    def skipped_indices(self) -> frozenset[int]:
+        """The files of the split (indices) this loader was to deliver, in the epochs served so
+        far, and skipped as unreadable: each once, however many epochs met it. The session
+        unites them over splits and ranks into ``skipped_files``."""
+        return frozenset()
 
     def close(self) -> None:  # noqa: B027 - most loaders hold something to release
         """Release workers, threads and files. Safe to call twice."""

@@ -8,8 +8,10 @@ settings whole and typed, never re-applies a default and never re-checks a range
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from omegaconf import MISSING
 
@@ -21,24 +23,91 @@ def failed_checks(checks: Iterable[Check]) -> list[str]:
     return [f"{rule}, got {value!r}" for holds, rule, value in checks if not holds]
 
 
+# ``loader.num_workers=auto``: the probe (``loaderbench.autotune``) picks the count.
+AUTO = "auto"
+
+
+def is_worker_count(value: object) -> bool:
+    """A count of workers: an int >= 0 (a bool is not one)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+@dataclass
+class AutotuneSettings:
+    """``loader.autotune.*``: how ``loader.num_workers=auto`` probes (``loaderbench.autotune``)."""
+
+    # Probe again instead of reusing the choice remembered for the same machine and run.
+    refresh: bool = False
+    # Choose the fewest workers whose images/s is at least (1 - tolerance) x the best seen.
+    tolerance: float = 0.05
+    # Climb to the next count only while the last one beat the best before it by more than this.
+    gain: float = 0.05
+    # Each count's measured window (after the pipeline's fill): at least this many seconds and
+    # batches, and whole rounds of the workers, two at least (loaderbench.autotune.measure_rung).
+    window_s: float = 1.5
+    min_batches: int = 4
+    # No count is started after this many seconds of probing.
+    max_probe_s: float = 60.0
+
+    def checks(self) -> list[Check]:
+        finite = math.isfinite
+        return [
+            (
+                finite(self.tolerance) and 0 <= self.tolerance < 1,
+                "loader.autotune.tolerance must be >= 0 and < 1",
+                self.tolerance,
+            ),
+            (
+                finite(self.gain) and self.gain >= 0,
+                "loader.autotune.gain must be >= 0",
+                self.gain,
+            ),
+            (
+                finite(self.window_s) and self.window_s > 0,
+                "loader.autotune.window_s must be > 0",
+                self.window_s,
+            ),
+            (self.min_batches >= 1, "loader.autotune.min_batches must be >= 1", self.min_batches),
+            (
+                finite(self.max_probe_s) and self.max_probe_s > 0,
+                "loader.autotune.max_probe_s must be > 0",
+                self.max_probe_s,
+            ),
+        ]
+
+
 @dataclass
 class LoaderSettings:
     name: str = MISSING
     batch_size: int = 32
     # The parallelism a sweep turns; what a worker is depends on the loader (README: "What
     # num_workers and prefetch mean"): processes (torchvision), decode threads (spdl), reading
-    # threads and cache-build processes (memmap). 0: everything in the main thread.
-    num_workers: int = 2
+    # threads and cache-build processes (memmap). 0: everything in the main thread. "auto": the
+    # fewest that keep the run fed, probed before its first epoch (``loaderbench.autotune``).
+    # Typed Any because OmegaConf 2.3 has no union of int and str; ``checks`` allows those two,
+    # and a loader only ever gets an int (``build_loader`` refuses "auto").
+    num_workers: Any = 2
     # Batches in flight or ready ahead of the main loop, in total over the workers (each
     # loader keeps at least one per worker busy).
     prefetch: int = 4
     # On CUDA: gather or decode into pinned host memory, copy without blocking.
     pin_memory: bool = True
+    autotune: AutotuneSettings = field(default_factory=AutotuneSettings)
+
+    @property
+    def auto_workers(self) -> bool:
+        return self.num_workers == AUTO
 
     def checks(self) -> list[Check]:
         """Range checks of this loader's keys; subclasses add theirs."""
+        workers = self.num_workers
         return [
             (self.batch_size >= 1, "loader.batch_size must be >= 1", self.batch_size),
-            (self.num_workers >= 0, "loader.num_workers must be >= 0", self.num_workers),
+            (
+                is_worker_count(workers) or workers == AUTO,
+                f"loader.num_workers must be an integer >= 0 or {AUTO!r}",
+                workers,
+            ),
             (self.prefetch >= 1, "loader.prefetch must be >= 1", self.prefetch),
+            *self.autotune.checks(),
         ]

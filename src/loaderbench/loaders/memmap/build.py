@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import logging
 import os
 import shutil
 import sys
@@ -47,8 +46,6 @@ from loaderbench.loaders.memmap.settings import Settings
 from loaderbench.splits import Split
 from loaderbench.stopping import raise_if_stop_requested
 from loaderbench.transforms import pil_val_transform
-
-log = logging.getLogger(__name__)
 
 # Images a build worker decodes per task: small enough for a lively progress bar.
 BUILD_CHUNK = 16
@@ -261,8 +258,7 @@ def run_chunks(job: BuildJob, chunks: BuildChunks, sink: ChunkSink | None = None
             raise_if_stop_requested()
             done.heights[start : start + len(sizes)] = sizes[:, 0]
             done.widths[start : start + len(sizes)] = sizes[:, 1]
-            for index, message in errors:
-                log.warning("skipping unreadable image %s: %s", split.paths[index], message)
+            for index, message in errors:  # named by the loader when an epoch meets it
                 done.skipped.append({"index": index, "path": split.paths[index], "error": message})
             if sink is not None:
                 sink(start, payload)

@@ -100,6 +100,32 @@ def _within_box(boxes: torch.Tensor) -> torch.Tensor:
     return inside
 
 
+def store_policy(spec: LoaderSpec) -> StorePolicy:
+    """How ``spec``'s split is stored: the store, its size and quality."""
+    settings: Settings = spec.settings  # type: ignore[assignment]
+    return StorePolicy.for_split(
+        spec.train,
+        spec.image_size,
+        settings.train_store_ratio,
+        settings.train_store_min_side,
+        codec=settings.store if spec.train else settings.val_store,
+        quality=settings.store_quality,
+        max_side=settings.store_max_side,
+    )
+
+
+def open_cache(spec: LoaderSpec, policy: StorePolicy) -> OpenedCache:
+    """The split's cache, built first with ``spec.num_workers`` processes if missing."""
+    settings: Settings = spec.settings  # type: ignore[assignment]
+    return ensure_cache(
+        spec.split,
+        policy,
+        resolve_path(settings.cache_dir),
+        num_workers=spec.num_workers,
+        skip_errors=spec.skip_errors,
+    )
+
+
 @register_loader("memmap")
 class MemmapLoader(Loader):
     """Builds or opens the split's cache on construction (so ``ttfb_s`` is a read, never a
@@ -107,23 +133,8 @@ class MemmapLoader(Loader):
 
     def __init__(self, spec: LoaderSpec) -> None:
         super().__init__(spec)
-        settings: Settings = spec.settings  # type: ignore[assignment]
-        self.policy = StorePolicy.for_split(
-            spec.train,
-            spec.image_size,
-            settings.train_store_ratio,
-            settings.train_store_min_side,
-            codec=settings.store if spec.train else settings.val_store,
-            quality=settings.store_quality,
-            max_side=settings.store_max_side,
-        )
-        self.cache: OpenedCache = ensure_cache(
-            spec.split,
-            self.policy,
-            resolve_path(settings.cache_dir),
-            num_workers=spec.num_workers,
-            skip_errors=spec.skip_errors,
-        )
+        self.policy = store_policy(spec)
+        self.cache: OpenedCache = open_cache(spec, self.policy)
         skipped = self.cache.skipped
         if skipped and not spec.skip_errors:
             first = skipped[0]  # named by this run's path: the cache may be from a copy
@@ -153,6 +164,9 @@ class MemmapLoader(Loader):
         if skipped:
             self._valid = torch.ones(len(spec.split), dtype=torch.bool)
             self._valid[[item["index"] for item in skipped]] = False
+        # Why the build could not read each file it left out; named when an epoch meets it.
+        self._errors: dict[int, str] = {item["index"]: item["error"] for item in skipped}
+        self._skipped: set[int] = set()
         self._live: weakref.WeakSet = weakref.WeakSet()  # iterators not yet finished
         self._pools: set[ThreadPoolExecutor] = set()
         self._lock = threading.Lock()
@@ -169,6 +183,14 @@ class MemmapLoader(Loader):
         self._device_decoder = batch_decoder(spec.device) if self._jpeg else None
         if self._jpeg:  # the backend chosen now, not by the first reading thread
             self._jpeg_stats()
+
+    @classmethod
+    def prepare(cls, spec: LoaderSpec) -> dict[str, Any]:
+        """The cache built (when missing) with ``spec.num_workers`` processes, so that a
+        loader built later with fewer reading threads opens it instead of building it."""
+        opened = open_cache(spec, store_policy(spec))
+        opened.release()
+        return {"cache_built": True} if opened.built else {}
 
     def batches_in_flight(self) -> int:
         """``prefetch`` batches ahead in total, at least one per reading thread."""
@@ -282,6 +304,20 @@ class MemmapLoader(Loader):
             crop_resize_flip_batch(images, gathered.boxes, size, gathered.flips, out), labels
         )
 
+    def _account(self, indices: torch.Tensor) -> None:
+        """Count, and name once, the files of a batch that the cache was built without (as
+        the other loaders do when an epoch meets a file they cannot read)."""
+        if not self._errors:
+            return
+        for index in indices.tolist():
+            if index in self._errors and index not in self._skipped:
+                self._skipped.add(index)
+                path = self.spec.split.paths[index]  # this run's: the cache may be from a copy
+                log.warning("skipping unreadable image %s: %s", path, self._errors[index])
+
+    def skipped_indices(self) -> frozenset[int]:
+        return frozenset(self._skipped)
+
     def __iter__(self) -> Iterator[Batch]:
         batches = self.spec.epoch_batches(self.epoch, self.start_batch)
         iterator = self._iterate(self.epoch, batches)
@@ -292,6 +328,7 @@ class MemmapLoader(Loader):
         if self.spec.num_workers == 0:
             for indices in batches:
                 gathered = self._gather(epoch, indices)
+                self._account(indices)
                 if gathered is not None:
                     yield self._deliver(gathered)
             return
@@ -306,24 +343,26 @@ class MemmapLoader(Loader):
         with self._lock:
             self._pools.add(pool)
         jobs = iter(batches)
-        pending: deque[Future[_Gathered | None]] = deque()
+        pending: deque[tuple[torch.Tensor, Future[_Gathered | None]]] = deque()
 
         def submit() -> None:
             job = next(jobs, None)
             if job is not None:
-                pending.append(pool.submit(self._gather, epoch, job))
+                pending.append((job, pool.submit(self._gather, epoch, job)))
 
         try:
             for _ in range(self.batches_in_flight()):
                 submit()
             while pending:
-                gathered = pending.popleft().result()
+                indices, future = pending.popleft()
+                gathered = future.result()
+                self._account(indices)
                 submit()
                 if gathered is not None:
                     yield self._deliver(gathered)
         finally:
             # Reached on exhaustion, on close() and when the iterator is garbage-collected.
-            for future in pending:
+            for _, future in pending:
                 future.cancel()
             pool.shutdown(wait=True, cancel_futures=True)
             with self._lock:
@@ -332,7 +371,7 @@ class MemmapLoader(Loader):
     def stats(self) -> dict[str, Any]:
         meta = self.cache.meta
         return {
-            "skipped_files": len(self.cache.skipped),
+            "skipped_files": len(self._skipped),
             "cache_path": str(self.cache.path),
             "cache_built": self.cache.built,
             "cache_build_s": meta["build_s"],

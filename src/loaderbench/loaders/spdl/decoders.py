@@ -21,10 +21,12 @@ decode or resize in another thread, its longest stall ~12-20 ms against 70-500 m
   (``loaderbench.decode.CudaJpegDecoder``), then resizes the batch on the GPU, on the
   decoder's stream. It needs a CUDA device and says so at once where there is none.
 
-Files that are not JPEG (a PNG or WebP named .JPEG, BMP, TIFF, 16-bit PNG, ...), and JPEGs with
-an EXIF orientation tag (TorchCodec, a fallback backend, would turn them), fall back to PIL through
-``loaderbench.images``, the torchvision and memmap loaders' own path, so they load
-with the same pixels everywhere. Every decoder refuses an image over
+Which files a fast decoder may take is decided by one rule, from the file's bytes
+(``images.fast_jpeg``): a whole JPEG of 1 or 3 components without an EXIF orientation tag.
+Everything else (a PNG or WebP named .JPEG, BMP, TIFF, 16-bit PNG, a PDF or a tar holding a
+JPEG, a cut or CMYK JPEG, ...) is read or refused by PIL through ``loaderbench.images``, the
+torchvision and memmap loaders' own path, so every file gets the same verdict and the same
+pixels everywhere. Every decoder refuses an image over
 ``dataset.max_image_pixels`` from its header, before decoding it, and none applies EXIF
 orientation (``loaderbench.images`` says why). A file nothing can decode becomes a ``Failure``
 naming it; the loader skips or raises it (``dataset.on_error``).
@@ -75,13 +77,7 @@ import torch
 from loaderbench import decode
 from loaderbench.buffers import BatchBuffers
 from loaderbench.decode import Box, Decoded, batch_decoder, decode_cpu, require_cuda
-from loaderbench.images import (
-    check_size,
-    fast_decodable,
-    jpeg_ends,
-    jpeg_header,
-    load_rgb,
-)
+from loaderbench.images import check_size, fast_jpeg, load_rgb
 from loaderbench.transforms import (
     RRC_RATIO,
     RRC_SCALE,
@@ -89,11 +85,6 @@ from loaderbench.transforms import (
     seeded_crops,
     val_resize_size,
 )
-
-JPEG_MAGIC = b"\xff\xd8\xff"
-# The frame header follows the EXIF, ICC and quantisation segments: 256 KiB covers them all but
-# for a pathological file (for which the size check is then skipped, and the decoder decides).
-JPEG_HEADER_SCAN = 256 * 1024
 
 # FFmpeg's scaler: bilinear, widened when shrinking like PIL's antialiased filter. Interpolating
 # chroma at full resolution brings its colours closer to libjpeg's (mean |diff| from PIL's
@@ -131,6 +122,7 @@ class Opened(NamedTuple):
 class Failure(NamedTuple):
     """A file no decoder could read."""
 
+    index: int  # position in the split
     path: str
     error: str
 
@@ -331,10 +323,6 @@ def read_bytes(path: str) -> torch.Tensor:
     return read_file(path)
 
 
-def is_jpeg(data: torch.Tensor) -> bool:
-    return data.numel() >= 3 and bytes(data[:3].tolist()) == JPEG_MAGIC
-
-
 def decode_generic(path: str) -> torch.Tensor:
     """Anything that is not a JPEG (PNG, WebP, GIF, BMP, TIFF, ...): PIL, through the same
     function as the torchvision and memmap loaders (size limit, colour modes, 16-bit), so an odd
@@ -345,15 +333,14 @@ def decode_generic(path: str) -> torch.Tensor:
 
 
 def open_file(sample: Sample) -> Opened:
-    """Read a file and learn its image size: from a JPEG's frame header without decoding (and
-    refused there if over the pixel limit), its bytes kept for a fast decoder, else by
-    decoding it through the generic decoder: every file that is not a JPEG a fast decoder may
-    take (``images.fast_decodable``), or that is cut short (``images.jpeg_ends``), which PIL
-    refuses and some fast decoders do not. Raises for an unreadable file."""
+    """Read a file and learn its image size: a JPEG that the admission rule hands to a fast
+    decoder (``images.fast_jpeg``) from its frame header without decoding (refused there if
+    over the pixel limit), its bytes kept for the decoder; any other file by decoding it
+    through the generic decoder (PIL), which reads it or refuses it as in every other loader.
+    Every spdl decoder opens files here. Raises for an unreadable file."""
     data = read_bytes(sample.path)
-    header = jpeg_header(memoryview(data[:JPEG_HEADER_SCAN].numpy())) if is_jpeg(data) else None
-    whole = header is not None and jpeg_ends(memoryview(data.numpy()))
-    if not (whole and fast_decodable(header)):
+    header = fast_jpeg(data.numpy())
+    if header is None:
         image = decode_generic(sample.path)
         return Opened(sample, image.shape[-2], image.shape[-1], image)
     check_size(header.width, header.height, sample.path)
@@ -427,7 +414,7 @@ class ImageDecoder(abc.ABC):
             try:
                 opened.append(self.open(sample))
             except Exception as error:
-                failures.append(Failure(sample.path, _first_line(error)))
+                failures.append(Failure(sample.index, sample.path, _first_line(error)))
         return opened, self.geometry.plans(opened), failures
 
     def decode_batch(self, samples: Sequence[Sample], buffers: BatchBuffers) -> DecodedBatch:
@@ -439,7 +426,7 @@ class ImageDecoder(abc.ABC):
             try:
                 image = self.finish(item, plan)
             except Exception as error:
-                failures.append(Failure(item.sample.path, _first_line(error)))
+                failures.append(Failure(item.sample.index, item.sample.path, _first_line(error)))
                 continue
             images[kept].copy_(image)
             labels[kept] = item.sample.label
@@ -489,8 +476,9 @@ class FFmpegDecoder(ImageDecoder):
         self._decode_config = spdl.io.decode_config(decoder_options=FFMPEG_DECODER_OPTIONS)
 
     def open(self, sample: Sample) -> Opened:
-        # FFmpeg decodes only the JPEGs every fast decoder may take: what it would make of the
-        # rest (YCCK's channels unconverted, a PDF, a truncated PSD) is not what PIL makes.
+        # FFmpeg decodes only the JPEGs every fast decoder may take (``images.fast_jpeg``):
+        # what it makes of the rest (YCCK's channels unconverted, a PDF, a tar, a cut PCX, a
+        # PNG over the pixel limit) is not what PIL makes.
         opened = open_file(sample)
         if not is_encoded(opened):
             return opened
@@ -594,7 +582,9 @@ class NvjpegDecoder(ImageDecoder):
             kept = 0
             for (item, _), (_, rest), image in zip(read.jpegs, regions, decoded, strict=True):
                 if isinstance(image, BaseException):
-                    failures.append(Failure(item.sample.path, _first_line(image)))
+                    failures.append(
+                        Failure(item.sample.index, item.sample.path, _first_line(image))
+                    )
                     continue
                 images[kept].copy_(apply_plan(image, rest))
                 labels[kept] = item.sample.label

@@ -160,7 +160,7 @@ class SpdlLoader(Loader):
         # SPDL needs a thread to decode in: num_workers=0 decodes in one.
         self.decode_threads = max(1, spec.num_workers)
         self.recorder = PipelineStats()
-        self.skipped: set[str] = set()  # paths, each counted and logged once
+        self._skipped: set[int] = set()  # each counted and logged once
         self._pipeline: Pipeline[DecodedBatch] | None = None
         self._executor: ThreadPoolExecutor | None = None
         self._pipeline_epoch = -1  # the epoch the running pipeline serves next
@@ -237,8 +237,8 @@ class SpdlLoader(Loader):
         for failure in failures:
             if not self.spec.skip_errors:
                 raise OSError(f"cannot decode image {failure.path}: {failure.error}")
-            if failure.path not in self.skipped:
-                self.skipped.add(failure.path)
+            if failure.index not in self._skipped:
+                self._skipped.add(failure.index)
                 log.warning("skipping unreadable image %s: %s", failure.path, failure.error)
 
     def _batches(self, pipeline: Pipeline[DecodedBatch], epoch: int) -> Iterator[DecodedBatch]:
@@ -284,9 +284,12 @@ class SpdlLoader(Loader):
             else:
                 self.close()
 
+    def skipped_indices(self) -> frozenset[int]:
+        return frozenset(self._skipped)
+
     def stats(self) -> dict[str, Any]:
         return {
-            "skipped_files": len(self.skipped),
+            "skipped_files": len(self._skipped),
             "spdl_decoder": self.settings.decoder,
             "spdl_decode_threads": self.decode_threads,
             "jpeg_backend": self.decoder.jpeg_backend(),

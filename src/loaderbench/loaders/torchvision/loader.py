@@ -150,7 +150,7 @@ class TorchvisionLoader(Loader):
             # from the global RNG at every epoch's start.
             generator=torch.Generator().manual_seed(spec.seed * 1_000 + spec.rank),
         )
-        self.skipped: set[int] = set()
+        self._skipped: set[int] = set()
 
     def set_epoch(self, epoch: int, start_batch: int = 0) -> None:
         super().set_epoch(epoch, start_batch)
@@ -174,8 +174,8 @@ class TorchvisionLoader(Loader):
 
     def _account(self, failed: list[tuple[int, str]]) -> None:
         for index, error in failed:
-            if index not in self.skipped:
-                self.skipped.add(index)
+            if index not in self._skipped:
+                self._skipped.add(index)
                 log.warning("skipping unreadable image %s: %s", self.spec.split.paths[index], error)
 
     def _dead_workers(self) -> str:
@@ -190,8 +190,8 @@ class TorchvisionLoader(Loader):
             dead.append(f"worker pid {worker.pid} {how}")
         return ", ".join(dead)
 
-    def stats(self) -> dict[str, int]:
-        return {"skipped_files": len(self.skipped)}
+    def skipped_indices(self) -> frozenset[int]:
+        return frozenset(self._skipped)
 
     def close(self) -> None:
         # Persistent workers live as long as the iterator; dropping it shuts them down.

@@ -1,0 +1,400 @@
+"""``loader.num_workers=auto``: the ladder and the choice; the probe on a real loader whose
+decode is slowed on purpose (it sleeps) against the same loader at full speed, with a slow and
+a fast model; a run with ``auto`` trains what the chosen count trains; the remembered choice;
+two gloo ranks; bad values."""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from loaderbench.autotune import (
+    FED_WAIT,
+    ModelStep,
+    ProbeRow,
+    Workload,
+    choose,
+    cpus_allowed,
+    keep_climbing,
+    probe,
+    worker_ladder,
+)
+from loaderbench.loaders.settings import AutotuneSettings
+from loaderbench.meters import ProcessTreeMonitor
+from loaderbench.runtime import PRECISIONS
+from loaderbench.validation import ConfigError, validate_config
+from tests.conftest import cpu_spec, folder_index, read_metrics, run_dirs, run_entry, single_run
+from tests.test_config import compose_cfg
+
+FP32 = PRECISIONS["fp32"][0]
+# A short window: the sleeping decode and model make every rate regular.
+QUICK_PROBE = AutotuneSettings(window_s=0.3, min_batches=4)
+QUICK_OVERRIDES = ["loader.autotune.window_s=0.3", "loader.autotune.min_batches=4"]
+
+
+def row(workers: int, rate: float, wait: float = 0.5) -> ProbeRow:
+    return ProbeRow(workers, rate, wait, 1.0, 100, 10, 1.0)
+
+
+# ---------------------------------------------------------------------------------------------
+# The ladder and the choice.
+
+
+def test_the_ladder_climbs_by_about_half_up_to_the_cpus_allowed() -> None:
+    assert worker_ladder(0) == worker_ladder(1) == [1]
+    assert worker_ladder(2) == [1, 2]
+    assert worker_ladder(5) == [1, 2, 3, 4, 5]
+    assert worker_ladder(16) == [1, 2, 3, 4, 6, 8, 12, 16]
+    assert worker_ladder(20) == [1, 2, 3, 4, 6, 8, 12, 16, 20]
+    assert worker_ladder(64)[-4:] == [24, 32, 48, 64]
+
+
+def test_the_cpus_allowed_are_the_slurm_or_torchrun_share_else_the_affinity() -> None:
+    import os
+
+    assert cpus_allowed({}) == len(os.sched_getaffinity(0))
+    assert cpus_allowed({"SLURM_CPUS_PER_TASK": "12"}) == 12
+    node = {"SLURM_JOB_ID": "1", "SLURM_CPUS_ON_NODE": "64", "SLURM_NTASKS_PER_NODE": "8"}
+    assert cpus_allowed(node) == 8
+    assert cpus_allowed({"LOCAL_WORLD_SIZE": "1000"}) == 1  # at least one
+
+
+def test_choose_takes_the_fewest_workers_within_tolerance_of_the_best() -> None:
+    table = [row(1, 100.0), row(2, 190.0), row(3, 196.0), row(4, 200.0)]
+    assert choose(table, 0.05) == 2  # 190 >= 0.95 x 200
+    assert choose(table, 0.0) == 4
+    assert choose(table, 0.5) == 1
+    # A count past the best that lost rate (workers taking the model's cores) is never picked
+    # over a smaller one as good.
+    assert choose([row(1, 100.0), row(2, 150.0), row(3, 120.0)], 0.05) == 2
+    with pytest.raises(ValueError, match="no worker count"):
+        choose([], 0.05)
+
+
+def test_climbing_goes_on_while_a_count_gains_and_the_loop_still_waits() -> None:
+    assert keep_climbing([row(1, 100.0)], 0.05)
+    assert keep_climbing([row(1, 100.0), row(2, 106.0)], 0.05)
+    assert not keep_climbing([row(1, 100.0), row(2, 104.0)], 0.05)
+    # Measured against the best so far, not the count before.
+    assert not keep_climbing([row(1, 100.0), row(2, 150.0), row(3, 120.0), row(4, 155.0)], 0.05)
+    # Fed: no wait left, nothing more workers could win.
+    assert not keep_climbing([row(1, 100.0, wait=FED_WAIT)], 0.05)
+
+
+@pytest.mark.parametrize("value", ["-1", "many", "1.5", "true"])
+def test_a_bad_num_workers_is_refused_naming_the_key(value: str) -> None:
+    cfg = compose_cfg("train", [f"loader.num_workers={value}"])
+    with pytest.raises(ConfigError, match=r"loader\.num_workers must be an integer >= 0 or 'auto'"):
+        validate_config(cfg)
+
+
+@pytest.mark.parametrize(
+    ("override", "key"),
+    [
+        ("loader.autotune.tolerance=1.0", "loader.autotune.tolerance"),
+        ("loader.autotune.gain=-0.1", "loader.autotune.gain"),
+        ("loader.autotune.window_s=0", "loader.autotune.window_s"),
+        ("loader.autotune.min_batches=0", "loader.autotune.min_batches"),
+        ("loader.autotune.max_probe_s=0", "loader.autotune.max_probe_s"),
+    ],
+)
+def test_bad_autotune_keys_are_refused_naming_them(override: str, key: str) -> None:
+    cfg = compose_cfg("train", ["loader=spdl", "loader.num_workers=auto", override])
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        validate_config(cfg)
+
+
+def test_auto_is_accepted_by_every_loader() -> None:
+    for name in ("torchvision", "memmap", "spdl"):
+        settings = validate_config(
+            compose_cfg("train", [f"loader={name}", "loader.num_workers=auto"])
+        )
+        assert settings.auto_workers and settings.autotune == AutotuneSettings()
+
+
+# ---------------------------------------------------------------------------------------------
+# The probe, in this process, on the torchvision loader (worker processes forked from here).
+
+# Batches of 4 ImageNet-sized JPEGs: a real decode takes ~30 ms a batch here, a sleeping one
+# 230 ms; the slow model's step ~85 ms.
+DECODE_SLEEP_S = 0.05  # an image
+MODEL_SLEEP_S = 0.08  # a step
+
+
+class TinyNet(nn.Module):
+    """A real (small) convolutional classifier with BatchNorm; ``delay_s`` makes it slow."""
+
+    def __init__(self, delay_s: float = 0.0) -> None:
+        super().__init__()
+        self.delay_s = delay_s
+        self.body = nn.Sequential(
+            nn.Conv2d(3, 8, 3, stride=2), nn.BatchNorm2d(8), nn.ReLU(), nn.AdaptiveAvgPool2d(1)
+        )
+        self.head = nn.Linear(8, 4)
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        if self.delay_s:
+            time.sleep(self.delay_s)
+        return self.head(self.body(images.float() / 255).flatten(1))
+
+
+@pytest.fixture
+def sleeping_decode(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The torchvision loader's image decode sleeps first (forked workers inherit it)."""
+    from loaderbench.loaders.torchvision import loader as module
+
+    decode = module.load_rgb
+
+    def slow(path):  # the same signature as load_rgb
+        time.sleep(DECODE_SLEEP_S)
+        return decode(path)
+
+    monkeypatch.setattr(module, "load_rgb", slow)
+
+
+@pytest.fixture(autouse=True)
+def one_intra_op_thread() -> Iterator[None]:
+    """The models here step on one thread: on a busy 2-core machine a team of two waits on a
+    descheduled teammate (a tiny step then takes 100 ms one time, 10 ms the next)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def probe_on(root: Path, model: nn.Module | None, cpus: int, train: bool = True) -> list[ProbeRow]:
+    split = folder_index(root).train
+    spec = cpu_spec(split, True, loader="torchvision", batch_size=4, prefetch=2)
+    step = None if model is None else ModelStep(model, FP32, torch.device("cpu"), train=train)
+    with ProcessTreeMonitor() as monitor:
+        return probe(Workload(spec, step, {}), QUICK_PROBE, cpus, monitor)
+
+
+@pytest.mark.parametrize("model_delay_s", [MODEL_SLEEP_S, None], ids=["slow-model", "no-model"])
+def test_auto_gives_a_slow_decode_more_workers_than_a_fast_one(
+    small_root: Path, request: pytest.FixtureRequest, model_delay_s: float | None
+) -> None:
+    """Ladder 1, 2, 3, 4, 6 (six CPUs said allowed). Sleeping decode: each worker adds a batch
+    per 230 ms, mostly without CPU, so with no model every count gains and the probe climbs to
+    the top; with a model of 85 ms a step the loop is fed at 3 workers (230 / 3 < 85 ms). At
+    full speed one worker decodes a batch in ~30 ms: fed at once with the slow model, and
+    little to gain on two cores without one."""
+    model = None if model_delay_s is None else TinyNet(model_delay_s)
+    fast = probe_on(small_root, model, cpus=6)
+    request.getfixturevalue("sleeping_decode")
+    slow = probe_on(small_root, model, cpus=6)
+    slow_choice, fast_choice = choose(slow, 0.05), choose(fast, 0.05)
+    tables = f"sleeping decode: {slow}\nfull speed: {fast}"
+    assert slow_choice > fast_choice, tables
+    if model is None:
+        assert slow_choice == 6 and [r.workers for r in slow] == [1, 2, 3, 4, 6], tables
+        # Rates follow the workers, as sleeping decodes do: six give about six times one.
+        assert slow[-1].images_per_s > 4 * slow[0].images_per_s, tables
+    else:
+        assert fast_choice == 1 and 2 <= slow_choice <= 4, tables
+        # One sleeping worker leaves the model waiting, the chosen count feeds it: its rate
+        # is about the model's (an 80 ms sleep, forward and backward).
+        assert slow[0].data_wait_frac > 0.3, tables
+        chosen = next(r for r in slow if r.workers == slow_choice)
+        assert chosen.images_per_s > 0.7 * 4 / MODEL_SLEEP_S, tables
+    for table in (fast, slow):
+        for measured in table:
+            assert measured.batches >= max(4, 2 * measured.workers)
+            assert measured.batches % measured.workers == 0  # whole rounds of the workers
+            assert measured.images == 4 * measured.batches
+            assert 0 <= measured.data_wait_frac <= 1 and measured.cpu_s_per_1k_images
+
+
+@pytest.mark.parametrize("train", [True, False], ids=["train-step", "eval-step"])
+def test_the_probe_leaves_the_model_and_random_streams_as_they_were(
+    tiny_root: Path, train: bool
+) -> None:
+    """BatchNorm statistics, mode, gradients and every random stream are as before the probe,
+    which ran the model on real batches (train.py: forward and backward in train mode, moving
+    the statistics and drawing dropout's stream; eval.py: the forward pass in eval mode)."""
+    torch.manual_seed(3)
+    model = nn.Sequential(TinyNet(), nn.Dropout(0.5))
+    model.eval()
+    norm = model[0].body[1]
+    modes: list[bool] = []
+    norm.register_forward_hook(lambda module, args, out: modes.append(module.training))
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    streams = (torch.get_rng_state(), random.getstate(), np.random.get_state()[1].copy())
+    rows = probe_on(tiny_root, model, cpus=1, train=train)
+    assert [r.workers for r in rows] == [1] and rows[0].batches >= 4
+    assert len(modes) >= 6 and set(modes) == {train}
+    after = model.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    assert int(norm.num_batches_tracked) == 0
+    assert not model.training
+    assert all(p.grad is None for p in model.parameters())
+    assert torch.equal(torch.get_rng_state(), streams[0])
+    assert random.getstate() == streams[1]
+    assert np.array_equal(np.random.get_state()[1], streams[2])
+
+
+# ---------------------------------------------------------------------------------------------
+# Real runs.
+
+
+@pytest.mark.slow
+def test_a_run_with_auto_trains_what_the_chosen_count_trains(
+    tiny_root: Path, tmp_path: Path
+) -> None:
+    """train.py with auto, then with the count it chose: the same weights, optimizer state,
+    random streams and accuracy; metrics.json and W&B hold the probe's table."""
+    from tests.wandb_offline import offline_runs
+
+    common = [
+        f"dataset.root={tiny_root}",
+        "model.name=test_resnet",
+        "device=cpu",
+        "epochs=1",
+        "image_size=32",
+        "loader.batch_size=4",
+        "loader=spdl",
+    ]
+    auto_cwd, pinned_cwd = tmp_path / "auto", tmp_path / "pinned"
+    auto_cwd.mkdir(), pinned_cwd.mkdir()
+    proc = run_entry("train.py", *common, "loader.num_workers=auto", *QUICK_OVERRIDES, cwd=auto_cwd)
+    auto_dir, auto = single_run(auto_cwd, "train")
+    chosen = auto["num_workers"]
+    assert isinstance(chosen, int) and chosen >= 1 and auto["num_workers_auto"] is True
+    assert auto["autotune_reused"] is False and auto["autotune_s"] > 0
+    assert auto["autotune_rank_workers"] == [chosen]
+    table = auto["autotune_probe"]
+    assert [r["workers"] for r in table] == worker_ladder(cpus_allowed())[: len(table)]
+    assert chosen == choose([ProbeRow(**r) for r in table], 0.05)
+    for measured in table:
+        assert measured["images_per_s"] > 0 and 0 <= measured["data_wait_frac"] <= 1
+        assert measured["cpu_s_per_1k_images"] > 0 and measured["batches"] >= 4
+    assert f"num_workers=auto: chose {chosen} (" in proc.stdout + proc.stderr
+    (wandb_run,) = offline_runs(auto_dir)
+    assert wandb_run.summary["num_workers"] == chosen and wandb_run.summary["num_workers_auto"]
+    assert len(wandb_run.summary["autotune_probe"]) == len(table)
+    (logged,) = [row for row in wandb_run.history if "autotune/probe._type" in row]
+    assert logged["autotune/probe._type"] == "table-file"
+    (table_file,) = auto_dir.rglob("media/table/autotune/probe_*.table.json")
+    wandb_table = json.loads(table_file.read_text())
+    assert wandb_table["columns"][:3] == ["workers", "images_per_s", "data_wait_frac"]
+    assert [r[0] for r in wandb_table["data"]] == [r["workers"] for r in table]
+
+    run_entry("train.py", *common, f"loader.num_workers={chosen}", "logger=none", cwd=pinned_cwd)
+    pinned_dir, pinned = single_run(pinned_cwd, "train")
+    assert pinned["num_workers"] == chosen and pinned["num_workers_auto"] is False
+    assert "autotune_probe" not in pinned
+    ours = torch.load(auto_dir / "checkpoint.pt", weights_only=False)
+    theirs = torch.load(pinned_dir / "checkpoint.pt", weights_only=False)
+    for part in ("model", "optimizer"):
+        assert_same(ours[part], theirs[part])
+    assert_same(ours["ranks"], theirs["ranks"])  # every random stream where the run left it
+    for key in ("loss", "top1", "top5", "val_loss", "images"):
+        assert auto[key] == pinned[key], key
+
+
+def assert_same(ours: object, theirs: object) -> None:
+    """Equal, tensors bit for bit, through dicts and lists."""
+    if isinstance(ours, torch.Tensor):
+        assert isinstance(theirs, torch.Tensor) and torch.equal(ours, theirs)
+    elif isinstance(ours, dict):
+        assert isinstance(theirs, dict) and ours.keys() == theirs.keys()
+        for key in ours:
+            assert_same(ours[key], theirs[key])
+    elif isinstance(ours, list | tuple):
+        assert isinstance(theirs, list | tuple) and len(ours) == len(theirs)
+        for a, b in zip(ours, theirs, strict=True):
+            assert_same(a, b)
+    else:
+        assert ours == theirs
+
+
+@pytest.mark.slow
+def test_the_choice_is_remembered_and_probed_again_when_its_key_changes(
+    tiny_root: Path, tmp_path: Path
+) -> None:
+    """eval.py model=none on memmap: the first run builds the cache with every CPU allowed
+    and probes; the second reuses the choice at once; another batch size, or
+    loader.autotune.refresh=true, probes again."""
+    cache = tmp_path / "cache"
+    base = [
+        f"dataset.root={tiny_root}",
+        "model=none",
+        "device=cpu",
+        "logger=none",
+        "loader=memmap",
+        f"loader.cache_dir={cache}",
+        "loader.num_workers=auto",
+        *QUICK_OVERRIDES,
+    ]
+
+    def run(name: str, *more: str) -> tuple[dict, str]:
+        cwd = tmp_path / name
+        cwd.mkdir()
+        proc = run_entry("eval.py", *base, *more, cwd=cwd)
+        (run_dir,) = run_dirs(cwd, "eval")
+        return read_metrics(run_dir), proc.stdout + proc.stderr
+
+    first, _ = run("first")
+    assert first["autotune_reused"] is False and first["autotune_probe"]
+    assert first["loader_val_cache_built"] is True
+    assert first["loader_val_cache_build_workers"] == cpus_allowed()
+    remembered = list(cache.glob("autotune-*.json"))
+    assert [p.name for p in remembered] == [f"autotune-{first['autotune_key']}.json"]
+
+    second, log = run("second")
+    assert second["autotune_reused"] is True and second["autotune_key"] == first["autotune_key"]
+    assert second["num_workers"] == first["num_workers"] and second["num_workers_auto"] is True
+    assert second["autotune_probe"] == first["autotune_probe"]  # the remembered table
+    assert second["autotune_s"] < 0.5 * first["autotune_s"]
+    assert second["loader_val_cache_built"] is False
+    assert not re.search(r"num_workers=auto: \d+ workers:", log)  # no count was tried
+    assert f"num_workers=auto: chose {first['num_workers']} (" in log and "reused from" in log
+
+    other, _ = run("batch", "loader.batch_size=4")
+    assert other["autotune_reused"] is False and other["autotune_key"] != first["autotune_key"]
+    refreshed, _ = run("refresh", "loader.autotune.refresh=true")
+    assert refreshed["autotune_reused"] is False
+    assert refreshed["autotune_key"] == first["autotune_key"]
+    assert len(list(cache.glob("autotune-*.json"))) == 2
+
+
+@pytest.mark.slow
+def test_two_gloo_ranks_probe_together_and_adopt_one_count(
+    small_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Three CPUs a task (SLURM_CPUS_PER_TASK): each rank climbs 1, 2, 3 with the others'
+    figures, and both adopt rank 0's choice."""
+    from tests.test_distributed import torchrun
+
+    monkeypatch.setenv("SLURM_CPUS_PER_TASK", "3")
+    torchrun(
+        "device=cpu",
+        "loader=spdl",
+        f"dataset.root={small_root}",
+        "epochs=1",
+        "model.name=test_resnet",
+        "image_size=32",
+        "loader.batch_size=8",
+        "loader.num_workers=auto",
+        *QUICK_OVERRIDES,
+        "logger=none",
+        cwd=tmp_path,
+    )
+    _, metrics = single_run(tmp_path, "train")
+    assert metrics["status"] == "ok" and metrics["world_size"] == 2
+    chosen = metrics["num_workers"]
+    assert metrics["autotune_rank_workers"] == [chosen, chosen]
+    table = metrics["autotune_probe"]
+    assert [r["workers"] for r in table] == [1, 2, 3][: len(table)]
+    assert chosen == choose([ProbeRow(**r) for r in table], 0.05)
+    # 160 images, 80 a rank: the epoch the run trained is whole, the probe's images apart.
+    assert metrics["images"] == 160
