@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import random
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -16,17 +18,43 @@ REPO = Path(__file__).resolve().parents[1]
 TINY = SyntheticSpec(num_classes=3, train_per_class=8, val_per_class=4, seed=0)
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--order",
+        default="as-written",
+        help="run the tests as-written, in reverse, or shuffle:SEED (a check that no test "
+        "depends on another having run first)",
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    order = config.getoption("--order")
+    if order == "reverse":
+        items.reverse()
+    elif order.startswith("shuffle:"):  # the same order in every xdist worker: a seeded shuffle
+        random.Random(int(order.split(":", 1)[1])).shuffle(items)
+    elif order != "as-written":
+        raise pytest.UsageError(f"--order={order}: as-written, reverse or shuffle:SEED")
+
+
+def shared_data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Where the session's generated data sets go: one folder for all xdist workers (the
+    session's base folder holds one per worker), made once under ensure_synthetic's lock."""
+    base = tmp_path_factory.getbasetemp()
+    return (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "data"
+
+
 @pytest.fixture(scope="session")
 def tiny_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A 3-class ImageFolder tree of real JPEGs: 24 train and 12 val images."""
-    return ensure_synthetic(TINY, tmp_path_factory.mktemp("data"))
+    """A 3-class ImageFolder tree of real JPEGs: 24 train and 12 val images (read only)."""
+    return ensure_synthetic(TINY, shared_data_dir(tmp_path_factory))
 
 
 @pytest.fixture(scope="session")
 def small_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A 4-class tree big enough to learn from: 160 train and 40 val images."""
+    """A 4-class tree big enough to learn from: 160 train and 40 val images (read only)."""
     spec = SyntheticSpec(num_classes=4, train_per_class=40, val_per_class=10, seed=1)
-    return ensure_synthetic(spec, tmp_path_factory.mktemp("data"))
+    return ensure_synthetic(spec, shared_data_dir(tmp_path_factory))
 
 
 def run_entry(
@@ -101,6 +129,27 @@ def cpu_spec(split, train: bool, loader: str = "torchvision", **overrides):
     return LoaderSpec(settings=settings_type(name=loader, **settings), **spec)
 
 
+def free_ports(count: int) -> int:
+    """The first of ``count`` consecutive ports free now, below the ephemeral range (where no
+    outgoing connection of a test running meanwhile can take one): a session's own, so that
+    clusters of sessions running at once do not meet."""
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    rng = random.Random()
+    for _ in range(200):
+        first = rng.randrange(20000, low - count)
+        sockets = [socket.socket() for _ in range(count)]
+        try:
+            for offset, sock in enumerate(sockets):
+                sock.bind(("", first + offset))
+        except OSError:
+            continue
+        finally:
+            for sock in sockets:
+                sock.close()
+        return first
+    raise RuntimeError(f"no {count} consecutive free ports below {low}")
+
+
 @pytest.fixture(scope="session")
 def local_slurm(tmp_path_factory: pytest.TempPathFactory):
     """A one-node SLURM cluster started for the session (scripts/local_slurm.sh): yields the
@@ -108,14 +157,26 @@ def local_slurm(tmp_path_factory: pytest.TempPathFactory):
     reason, where SLURM cannot start here (not root, no apt-get)."""
     state = tmp_path_factory.mktemp("slurm")
     script = REPO / "scripts" / "local_slurm.sh"
+    # slurmctld's and slurmd's ports, and the jobs' MASTER_PORT (submitit otherwise draws it
+    # from the job id: job 1 of every fresh cluster would take the same port).
+    port = free_ports(3)
     proc = subprocess.run(
-        [str(script), "start", str(state)], capture_output=True, text=True, timeout=600
+        [str(script), "start", str(state)],
+        env={**os.environ, "LOCAL_SLURM_PORT": str(port)},
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     if proc.returncode == 2:
         pytest.skip(f"no local SLURM: {proc.stderr.strip().splitlines()[-1]}")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     conf = proc.stdout.strip().splitlines()[-1].split("=", 1)[1]
     try:
-        yield {**os.environ, "SLURM_CONF": conf, "WANDB_MODE": "offline"}
+        yield {
+            **os.environ,
+            "SLURM_CONF": conf,
+            "WANDB_MODE": "offline",
+            "MASTER_PORT": str(port + 2),
+        }
     finally:
         subprocess.run([str(script), "stop", str(state)], timeout=120, check=False)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -27,7 +28,9 @@ def test_evict_drops_a_file_from_the_page_cache(tmp_path: Path) -> None:
 def test_cold_run_evicts_the_dataset_first(tiny_root: Path, tmp_path: Path) -> None:
     """eval.py evicts train and val images, then reads only val: the train images, read just
     before the run, are out of the page cache after it."""
-    train_files = sorted(p for p in (tiny_root / "train").rglob("*") if p.is_file())
+    # A copy of its own: another test reading the shared set meanwhile would bring it back.
+    root = shutil.copytree(tiny_root, tmp_path / "data")
+    train_files = sorted(p for p in (root / "train").rglob("*") if p.is_file())
     assert len(train_files) == 24
     for path in train_files:
         path.read_bytes()
@@ -35,7 +38,7 @@ def test_cold_run_evicts_the_dataset_first(tiny_root: Path, tmp_path: Path) -> N
     run_entry(
         "eval.py",
         "model=none",
-        f"dataset.root={tiny_root}",
+        f"dataset.root={root}",
         "logger=none",
         "loader.num_workers=0",
         "bench.drop_page_cache=true",

@@ -16,7 +16,8 @@ import torch
 from tests.conftest import REPO, run_entry
 from tests.test_distributed import torchrun
 
-pytestmark = [pytest.mark.slow, pytest.mark.slurm]
+# One cluster (fixed ports) for the session: every SLURM test on the same xdist worker.
+pytestmark = [pytest.mark.slow, pytest.mark.slurm, pytest.mark.xdist_group("slurm")]
 
 
 def sweep_rows(cwd: Path, task: str) -> tuple[Path, list[dict]]:

@@ -38,7 +38,11 @@ def _slurm_env_for_torch() -> None:
         from submitit.helpers import TorchDistributedEnvironment
     except ImportError:  # pragma: no cover - submitit ships with the launcher plugin
         return
-    TorchDistributedEnvironment().export(set_cuda_visible_devices=False)
+    environment = TorchDistributedEnvironment()  # takes a MASTER_PORT already set, if any
+    # A port the user set (two jobs on one node must not share one) is kept: submitit reads
+    # it above, then refuses to export over it.
+    os.environ.pop("MASTER_PORT", None)
+    environment.export(set_cuda_visible_devices=False)
 
 
 def dist_info() -> DistInfo:
