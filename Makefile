@@ -26,11 +26,15 @@ eval: install
 data: install
 	$(PY) -m loaderbench.synthetic
 
+# Two pytest workers (pytest-xdist): most tests wait on subprocesses, so two keep both of a
+# 2-core machine busy; tests sharing a module or session fixture (the quick bench, the local
+# SLURM cluster) stay on one worker (--dist loadgroup). TEST_WORKERS=0: one process.
+TEST_WORKERS ?= 2
 test: install
-	$(PY) -m pytest $(ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup $(ARGS)
 
 test-fast: install
-	$(PY) -m pytest -m "not slow" $(ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup -m "not slow" $(ARGS)
 
 lint: install
 	$(VENV)/bin/ruff check .

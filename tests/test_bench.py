@@ -20,7 +20,8 @@ from loaderbench.bench.dali import dali_version
 from loaderbench.bench.ffcv import ffcv_unavailable
 from tests.conftest import REPO
 
-pytestmark = pytest.mark.slow
+# One worker runs the module: its quick bench (a module fixture) is built once, not per worker.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("bench")]
 
 LOADERS = ("torchvision", "memmap", "spdl")
 CLASSIC, TUTORIAL = "classic (float in workers)", "tutorial tensorclass"
