@@ -259,8 +259,7 @@ main() {
         COMMON=(device=cuda bench.warmup_batches=3)
     fi
     COMMON+=("dataset.root=$root" "dataset.index_dir=$WORK/cache" "image_size=$size"
-        precision=bf16 logger=none "loader.batch_size=$batch" "bench.max_batches=$batches"
-        "loader.num_workers=$workers")
+        precision=bf16 logger=none "loader.batch_size=$batch" "bench.max_batches=$batches")
     local nvjpeg=1
     [[ $DRY == 1 && ${GPU_CHECK_DRY_NVJPEG:-0} != 1 ]] && nvjpeg=0
 
@@ -284,6 +283,7 @@ main() {
                 extra=(model=none bench.epochs=4)
                 ;;
         esac
+        extra+=("loader.num_workers=$workers")
         sweep "$task-memmap" "$label, memmap, store raw and jpeg" "$script" 4 "$cap" \
             loader=memmap "$store=raw,jpeg" "loader.cache_dir=$WORK/cache" "${extra[@]}"
         sweep "$task-spdl-turbo" "$label, spdl, turbo (CPU) decoder" "$script" 2 "$cap" \
@@ -296,6 +296,12 @@ main() {
             "$cap" loader=torchvision "${extra[@]}"
     done
 
+    # num_workers=auto with the model: the probe's ladder up to this machine's CPUs (1, 2, ...,
+    # 12, 16 on the GPU machine), its choice beside the pinned counts of train-model-spdl-turbo.
+    sweep train-model-auto-spdl-turbo "train.py ${model[0]}, spdl, turbo, num_workers=auto" \
+        train.py 1 100 loader=spdl loader.decoder=turbo loader.num_workers=auto \
+        loader.autotune.max_probe_s=40 "${model[@]}" epochs=1
+
     FINAL=1
     local mode notes=()
     mode="GPU check: $(tail -n 1 <<<"$cuda_msg")"
@@ -307,7 +313,8 @@ main() {
     note "data: synthetic, $classes classes, $((classes * train)) train +" \
         "$((classes * val)) val JPEGs of ImageNet's sizes (${root##*/})"
     note "runs: image_size=$size, loader.batch_size=$batch, bench.max_batches=$batches," \
-        "loader.num_workers=$workers, precision=bf16, ${model[*]}; logger=none"
+        "loader.num_workers=$workers (and auto, with the model, on spdl turbo)," \
+        "precision=bf16, ${model[*]}; logger=none"
     [[ $nvjpeg == 0 ]] && note "spdl nvjpeg: not run (needs CUDA)"
     note "report written $(since "$T0") s into the check (budget ${BUDGET_S} s);" \
         "every job's files: runs.tar.gz"

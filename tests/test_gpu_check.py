@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -57,14 +58,22 @@ def test_the_dry_run_runs_every_cpu_phase_and_writes_the_report(tmp_path: Path) 
     table = phases(report)
     # The kit phase needs `make gpu-kit` (PyPI); every other phase must pass.
     others = {name: rc for name, rc in table.items() if name != "kit"}
-    assert {"env", "data", "decode", "tests", "train-model-memmap", "eval-none-spdl-turbo"} <= set(
-        others
-    )
+    assert {
+        "env",
+        "data",
+        "decode",
+        "tests",
+        "train-model-memmap",
+        "eval-none-spdl-turbo",
+        "train-model-auto-spdl-turbo",
+    } <= set(others)
     assert set(others.values()) == {"0"}, (table, log)
     assert "| failed |" not in report and "DRY RUN" in report
     # The decode phase ran its CPU equivalent: a row a case, in the report and in decode.json.
     assert "## Batched JPEG decode" in report and "| nvimgcodec | region |" in report
     assert json.loads((out / "decode.json").read_text())["device"] == "cpu"
+    # num_workers=auto's row: the count its probe chose (ladder 1, 2 here) and the probe.
+    assert re.search(r"\| spdl[^|]* \| auto: [12] \| ok \|.*probe [\d.]+ s \(1: ", report), report
     if kit_made:  # the check passes whole
         assert table["kit"] == "0" and proc.returncode == 0, log
     else:  # a fresh checkout: the kit phase says what is missing, and the check fails

@@ -590,6 +590,15 @@ def _job_dirs(sweep_dir: Path) -> list[Path]:
     return sorted(jobs, key=lambda p: (len(p.name), p.name))
 
 
+def _workers(values: dict[str, str], metrics: dict[str, Any]) -> str:
+    """The job's count; for ``loader.num_workers=auto``, the count its probe chose."""
+    given = values.get("loader.num_workers", str(metrics.get("num_workers", "")))
+    if given != "auto":
+        return given
+    chosen = metrics.get("num_workers")
+    return f"auto: {chosen}" if isinstance(chosen, int) else "auto"
+
+
 def collect(sweep_dir: Path, name: str) -> list[Row]:
     """A row a job of the sweep: its metrics, or why there are none."""
     rows = []
@@ -608,7 +617,7 @@ def collect(sweep_dir: Path, name: str) -> list[Row]:
                 sweep=name,
                 job=job_dir.name,
                 loader=_loader_label(values, metrics),
-                workers=str(values.get("loader.num_workers", metrics.get("num_workers", ""))),
+                workers=_workers(values, metrics),
                 status=status,
                 metrics=metrics,
                 error=str(metrics.get("error") or ""),
@@ -645,6 +654,12 @@ def _details(row: Row) -> str:
         for key, value in sorted(row.metrics.items())
         if key.endswith("_jpeg_backend") and value
     ]
+    if probe := row.metrics.get("autotune_probe"):
+        rungs = ", ".join(
+            f"{rung['workers']}: {rung['images_per_s']:,.0f}/s wait {rung['data_wait_frac']:.0%}"
+            for rung in probe
+        )
+        found.append(f"probe {row.metrics.get('autotune_s', 0):.1f} s ({rungs})")
     return _fmt(", ".join(found))
 
 
