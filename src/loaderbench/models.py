@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 
-import timm
 import torch
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
@@ -46,6 +45,8 @@ class ImageClassifier(nn.Module):
 
 
 def create_backbone(cfg: DictConfig, num_classes: int) -> nn.Module:
+    import timm  # here, not at the top: model=none runs need neither timm nor torchvision
+
     kwargs = OmegaConf.to_container(cfg.kwargs, resolve=True) if cfg.get("kwargs") else {}
     try:
         return timm.create_model(
@@ -68,6 +69,8 @@ def build_model(cfg: DictConfig, num_classes: int, device: torch.device) -> Imag
     """The configured model on ``device``, or None for ``model=none``."""
     if cfg.name == NO_MODEL:
         return None
+    import timm.data
+
     backbone = create_backbone(cfg, num_classes)
     data_cfg = timm.data.resolve_model_data_config(backbone)
     model = ImageClassifier(backbone, data_cfg["mean"], data_cfg["std"], cfg.channels_last)

@@ -15,10 +15,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
-from torchvision.transforms import v2
+
+if TYPE_CHECKING:
+    from torchvision.transforms import v2
 
 RRC_SCALE = (0.08, 1.0)
 RRC_RATIO = (3.0 / 4.0, 4.0 / 3.0)
@@ -31,6 +34,10 @@ def val_resize_size(size: int) -> int:
 
 def pil_val_transform(size: int) -> v2.Compose:
     """The per-image val pipeline (PIL in, uint8 CHW out); the reference every loader matches."""
+    # Imported here: torchvision's import costs ~1.5 s of CPU (it pulls in torch._dynamo), which
+    # memmap and spdl runs, and each of their worker processes, need not pay.
+    from torchvision.transforms import v2
+
     return v2.Compose(
         [
             v2.Resize(val_resize_size(size), antialias=True),
