@@ -31,8 +31,19 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     order = config.getoption("--order")
     if order == "reverse":
         items.reverse()
-    elif order.startswith("shuffle:"):  # the same order in every xdist worker: a seeded shuffle
-        random.Random(int(order.split(":", 1)[1])).shuffle(items)
+    elif order.startswith("shuffle:"):
+        # Seeded (the same order in every xdist worker); the modules in a random order and the
+        # tests in each, but each module's tests together, as pytest-randomly does: a module
+        # fixture (the quick bench) would otherwise be torn down and rebuilt at every turn.
+        rng = random.Random(int(order.split(":", 1)[1]))
+        modules: dict[str, list[pytest.Item]] = {}
+        for item in items:
+            modules.setdefault(item.nodeid.split("::", 1)[0], []).append(item)
+        groups = list(modules.values())
+        rng.shuffle(groups)
+        for group in groups:
+            rng.shuffle(group)
+        items[:] = [item for group in groups for item in group]
     elif order != "as-written":
         raise pytest.UsageError(f"--order={order}: as-written, reverse or shuffle:SEED")
 
