@@ -356,7 +356,7 @@ def test_the_choice_is_remembered_and_probed_again_when_its_key_changes(
     assert second["autotune_reused"] is True and second["autotune_key"] == first["autotune_key"]
     assert second["num_workers"] == first["num_workers"] and second["num_workers_auto"] is True
     assert second["autotune_probe"] == first["autotune_probe"]  # the remembered table
-    assert second["autotune_s"] < 0.5 * first["autotune_s"]
+    assert second["autotune_s"] < 0.5  # a remembered choice: seconds at most, here ~0.01
     assert second["loader_val_cache_built"] is False
     assert not re.search(r"num_workers=auto: \d+ workers:", log)  # no count was tried
     assert f"num_workers=auto: chose {first['num_workers']} (" in log and "reused from" in log

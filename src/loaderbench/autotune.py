@@ -536,7 +536,10 @@ def settle_num_workers(session: Session, workload: Workload) -> None:
         remembered = load_decision(path, key)
     (count,) = distributed.broadcast_values([remembered.num_workers if remembered else -1])
     reused = count >= 0  # rank 0 found it: every rank adopts it, none probes
+    # Not the probe's cost (the run would build memmap's cache anyway): kept out of autotune_s.
+    preparing = time.perf_counter()
     session.prepared.update(prepare_splits(workload, worker_ladder(cpus)[-1]))
+    started += time.perf_counter() - preparing
     if reused:
         decision = remembered or Decision(int(count), [], 0.0)  # the table is rank 0's
     else:
