@@ -13,6 +13,8 @@ $(STAMP): requirements.txt pyproject.toml scripts/ensure_ffmpeg.sh
 	./scripts/ensure_ffmpeg.sh
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
+	# Bytecode compiled here, once: where PYTHONDONTWRITEBYTECODE is set (this machine) every
+	# process would otherwise compile every module it imports, every time.
 	$(PY) -m pip install -r requirements.txt
 	$(PY) -m pip install --quiet --no-deps --no-build-isolation -e .
 	touch $@
@@ -30,11 +32,15 @@ data: install
 # 2-core machine busy; tests sharing a module or session fixture (the quick bench, the local
 # SLURM cluster) stay on one worker (--dist loadgroup). TEST_WORKERS=0: one process.
 TEST_WORKERS ?= 2
+# About one whole-suite run in twelve, something in a pytest worker closes a descriptor it does
+# not own, and the next DataLoader start fails with EBADF (issue 21: not found yet). A test that
+# fails with exactly that error runs once more; any other failure fails at once.
+RERUN_EBADF = --reruns 1 --only-rerun 'OSError: \[Errno 9\] Bad file descriptor'
 test: install
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup $(ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup $(RERUN_EBADF) $(ARGS)
 
 test-fast: install
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup -m "not slow" $(ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup $(RERUN_EBADF) -m "not slow" $(ARGS)
 
 lint: install
 	$(VENV)/bin/ruff check .

@@ -24,11 +24,11 @@
 #
 # Without CUDA it refuses (exit 3) unless given --dry-run, which does what a CPU can: checks the
 # kit, a small data set, the decode phase on CPU threads, pytest -m cuda (they skip), and the
-# same sweeps on the CPU with a tiny model at 64 px (no nvjpeg), with wandb and submitit made
-# unimportable as on the GPU machine; then the same report. It runs with .venv's python and
-# installs the kit into a fresh folder for `python3.12` where one is on the PATH; with
-# PY312=PATH (a Python 3.12 holding the GPU machine's stack: torch 2.11, torchvision 0.26, ...)
-# it runs every phase with that python and the kit installed as on the GPU machine.
+# same sweeps on the CPU with a tiny model at 64 px and one worker count (no nvjpeg), with wandb
+# and submitit made unimportable as on the GPU machine; then the same report. It runs with
+# .venv's python and installs the kit into a fresh folder for `python3.12` where one is on the
+# PATH; with PY312=PATH (a Python 3.12 holding the GPU machine's stack: torch 2.11, torchvision
+# 0.26, ...) it runs every phase with that python and the kit installed as on the GPU machine.
 # Environment: PYTHON (the interpreter, over all else), PY312, GPU_CHECK_BUDGET_S (the whole
 # check's time limit), GPU_CHECK_DRY_NVJPEG=1 (the dry run tries nvjpeg too: failed rows).
 set -euo pipefail
@@ -101,7 +101,7 @@ T0=$(now)
 since() { awk -v a="$(now)" -v b="$1" 'BEGIN { printf "%.1f", a - b }'; }
 # The whole check's limit (8 minutes on the GPU machine, less a margin); the report and the
 # archive at the end have RESERVE_S of it kept for them, and run whatever is left. The dry run
-# takes 3-4.5 minutes on 2 shared cores.
+# takes about 2 minutes on 2 shared cores.
 BUDGET_S=${GPU_CHECK_BUDGET_S:-440}
 [[ $DRY == 1 ]] && BUDGET_S=${GPU_CHECK_BUDGET_S:-400}
 RESERVE_S=25
@@ -252,7 +252,8 @@ main() {
 
     local workers size batch batches model=(model=resnet50 model.channels_last=true)
     if [[ $DRY == 1 ]]; then
-        workers=1,2 size=64 batch=32 batches=4 model=(model=test_resnet model.channels_last=true)
+        # One count a sweep: the rehearsal checks that every job runs, not how counts compare.
+        workers=1 size=64 batch=32 batches=4 model=(model=test_resnet model.channels_last=true)
         COMMON=(device=cpu bench.warmup_batches=1)
     else
         workers=4,12 size=224 batch=256 batches=15
@@ -266,7 +267,8 @@ main() {
     # One multirun a loader setting (a key like loader.store exists for one loader only).
     # task: train.py with the model, train.py model=none (2 passes), eval.py model=none (4 passes
     # over the small val set).
-    local task script label extra cap store
+    local task script label extra cap store counts
+    counts=$(tr , '\n' <<<"$workers" | wc -l) # jobs a sweep: a job a count (and store)
     for task in train-model train-none eval-none; do
         store=loader.store # eval.py reads the val split, whose store is loader.val_store
         case $task in
@@ -284,23 +286,25 @@ main() {
                 ;;
         esac
         extra+=("loader.num_workers=$workers")
-        sweep "$task-memmap" "$label, memmap, store raw and jpeg" "$script" 4 "$cap" \
+        sweep "$task-memmap" "$label, memmap, store raw and jpeg" "$script" $((2 * counts)) "$cap" \
             loader=memmap "$store=raw,jpeg" "loader.cache_dir=$WORK/cache" "${extra[@]}"
-        sweep "$task-spdl-turbo" "$label, spdl, turbo (CPU) decoder" "$script" 2 "$cap" \
+        sweep "$task-spdl-turbo" "$label, spdl, turbo (CPU) decoder" "$script" "$counts" "$cap" \
             loader=spdl loader.decoder=turbo "${extra[@]}"
         if [[ $nvjpeg == 1 ]]; then
-            sweep "$task-spdl-nvjpeg" "$label, spdl, nvjpeg (GPU) decoder" "$script" 2 "$cap" \
-                loader=spdl loader.decoder=nvjpeg "${extra[@]}"
+            sweep "$task-spdl-nvjpeg" "$label, spdl, nvjpeg (GPU) decoder" "$script" "$counts" \
+                "$cap" loader=spdl loader.decoder=nvjpeg "${extra[@]}"
         fi
-        sweep "$task-torchvision" "$label, torchvision (DataLoader processes, PIL)" "$script" 2 \
-            "$cap" loader=torchvision "${extra[@]}"
+        sweep "$task-torchvision" "$label, torchvision (DataLoader processes, PIL)" "$script" \
+            "$counts" "$cap" loader=torchvision "${extra[@]}"
     done
 
     # num_workers=auto with the model: the probe's ladder up to this machine's CPUs (1, 2, ...,
     # 12, 16 on the GPU machine), its choice beside the pinned counts of train-model-spdl-turbo.
+    local probe=(loader.autotune.max_probe_s=40)
+    [[ $DRY == 1 ]] && probe+=(loader.autotune.window_s=0.5) # its ladder's rungs, not their figures
     sweep train-model-auto-spdl-turbo "train.py ${model[0]}, spdl, turbo, num_workers=auto" \
-        train.py 1 100 loader=spdl loader.decoder=turbo loader.num_workers=auto \
-        loader.autotune.max_probe_s=40 "${model[@]}" epochs=1
+        train.py 1 100 loader=spdl loader.decoder=turbo loader.num_workers=auto "${probe[@]}" \
+        "${model[@]}" epochs=1
 
     FINAL=1
     local mode notes=()

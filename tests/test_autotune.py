@@ -18,14 +18,15 @@ import torch
 from torch import nn
 
 from loaderbench.autotune import (
-    FED_WAIT,
     ModelStep,
     ProbeRow,
     Workload,
     choose,
     cpus_allowed,
     keep_climbing,
+    pooled,
     probe,
+    to_confirm,
     worker_ladder,
 )
 from loaderbench.loaders.settings import AutotuneSettings
@@ -86,8 +87,31 @@ def test_climbing_goes_on_while_a_count_gains_and_the_loop_still_waits() -> None
     assert not keep_climbing([row(1, 100.0), row(2, 104.0)], 0.05)
     # Measured against the best so far, not the count before.
     assert not keep_climbing([row(1, 100.0), row(2, 150.0), row(3, 120.0), row(4, 155.0)], 0.05)
-    # Fed: no wait left, nothing more workers could win.
-    assert not keep_climbing([row(1, 100.0, wait=FED_WAIT)], 0.05)
+    # A loop that waits for no data at one count still tries the next (sharing the CPU with
+    # the model, another worker can still raise the rate).
+    assert keep_climbing([row(1, 100.0, wait=0.0)], 0.05)
+    assert not keep_climbing([row(1, 100.0, wait=0.0), row(2, 104.0, wait=0.0)], 0.05)
+
+
+def test_counts_near_the_best_are_measured_again_and_chosen_on_both_windows() -> None:
+    assert to_confirm([row(1, 90.0), row(2, 108.0), row(3, 111.0)], 0.10) == [2, 3]
+    assert to_confirm([row(1, 100.0), row(2, 108.0)], 0.10) == [1, 2]
+    assert to_confirm([row(1, 100.0), row(2, 150.0)], 0.10) == []  # one stands clear
+    assert to_confirm([row(1, 100.0), row(2, 108.0)], 0.0) == []  # confirming is off
+    assert to_confirm([row(1, 100.0)], 0.10) == []
+    # 100 images in 1 s, then 100 in 2 s: 200 in 3 s; wait by seconds, CPU by images.
+    first = ProbeRow(2, 100.0, 0.1, 2.0, 100, 4, 1.5)
+    second = ProbeRow(2, 50.0, 0.4, 4.0, 100, 4, 2.5)
+    both = pooled(first, second)
+    assert both.images_per_s == pytest.approx(200 / 3)
+    assert both.data_wait_frac == pytest.approx(0.3)
+    assert both.cpu_s_per_1k_images == pytest.approx(3.0)
+    assert (both.images, both.batches, both.seconds, both.windows) == (200, 8, 4.0, 2)
+    # One lucky window put 2 workers 7% ahead; measured again, they are not.
+    lucky = [row(1, 100.0), row(2, 107.0)]
+    assert choose(lucky, 0.05) == 2
+    again = [pooled(lucky[0], row(1, 101.0)), pooled(lucky[1], row(2, 96.0))]
+    assert choose(again, 0.05) == 1
 
 
 @pytest.mark.parametrize("value", ["-1", "many", "1.5", "true"])
@@ -105,6 +129,7 @@ def test_a_bad_num_workers_is_refused_naming_the_key(value: str) -> None:
         ("loader.autotune.window_s=0", "loader.autotune.window_s"),
         ("loader.autotune.min_batches=0", "loader.autotune.min_batches"),
         ("loader.autotune.max_probe_s=0", "loader.autotune.max_probe_s"),
+        ("loader.autotune.confirm_within=1", "loader.autotune.confirm_within"),
     ],
 )
 def test_bad_autotune_keys_are_refused_naming_them(override: str, key: str) -> None:
@@ -171,12 +196,24 @@ def one_intra_op_thread() -> Iterator[None]:
     torch.set_num_threads(threads)
 
 
-def probe_on(root: Path, model: nn.Module | None, cpus: int, train: bool = True) -> list[ProbeRow]:
+# The ladder tests compare rates, so their windows are longer than QUICK_PROBE's: at 0.3 s, a
+# window holds three or four batches of the slow model, and one batch whose worker the other
+# xdist worker's load descheduled moved a count's rate by 30% (the climb then stopped early).
+LADDER_PROBE = AutotuneSettings(window_s=0.8, min_batches=4)
+
+
+def probe_on(
+    root: Path,
+    model: nn.Module | None,
+    cpus: int,
+    train: bool = True,
+    settings: AutotuneSettings = QUICK_PROBE,
+) -> list[ProbeRow]:
     split = folder_index(root).train
     spec = cpu_spec(split, True, loader="torchvision", batch_size=4, prefetch=2)
     step = None if model is None else ModelStep(model, FP32, torch.device("cpu"), train=train)
     with ProcessTreeMonitor() as monitor:
-        return probe(Workload(spec, step, {}), QUICK_PROBE, cpus, monitor)
+        return probe(Workload(spec, step, {}), settings, cpus, monitor)
 
 
 # Six CPUs said allowed on a 2-core machine: DataLoader's warning about it is expected here.
@@ -187,22 +224,29 @@ def test_auto_gives_a_slow_decode_more_workers_than_a_fast_one(
 ) -> None:
     """Ladder 1, 2, 3, 4, 6 (six CPUs said allowed). Sleeping decode: each worker adds a batch
     per 230 ms, mostly without CPU, so with no model every count gains and the probe climbs to
-    the top; with a model of 85 ms a step the loop is fed at 3 workers (230 / 3 < 85 ms). At
-    full speed one worker decodes a batch in ~30 ms: fed at once with the slow model, and
-    little to gain on two cores without one."""
+    four or more; with a model of 85 ms a step the loop is fed at 3 workers (230 / 3 < 85 ms). At
+    full speed one worker decodes a batch in ~30 ms: fed at once with the slow model (the
+    probe still measures 2, which gains nothing). Without a model the full-speed climb is
+    bound by the cores the machine really has, not the six it is told: it stops at 2 or 3 on
+    two cores and may reach the top on more (CI once measured 1 -> 6 workers: 279 -> 627
+    images/s), so there the sleeping decode is only asserted never to get fewer."""
     model = None if model_delay_s is None else TinyNet(model_delay_s)
-    fast = probe_on(small_root, model, cpus=6)
+    fast = probe_on(small_root, model, cpus=6, settings=LADDER_PROBE)
     request.getfixturevalue("sleeping_decode")
-    slow = probe_on(small_root, model, cpus=6)
+    slow = probe_on(small_root, model, cpus=6, settings=LADDER_PROBE)
     slow_choice, fast_choice = choose(slow, 0.05), choose(fast, 0.05)
     tables = f"sleeping decode: {slow}\nfull speed: {fast}"
-    assert slow_choice > fast_choice, tables
     if model is None:
-        assert slow_choice == 6 and [r.workers for r in slow] == [1, 2, 3, 4, 6], tables
-        # Rates follow the workers, as sleeping decodes do: six give about six times one.
-        assert slow[-1].images_per_s > 4 * slow[0].images_per_s, tables
-    else:
-        assert fast_choice == 1 and 2 <= slow_choice <= 4, tables
+        assert slow_choice >= fast_choice, tables
+        # Every count gains while the workers sleep; at 4-6 sleeping workers the two cores'
+        # real decoding starts to bound the rate, so the top of the ladder is not asserted.
+        assert slow_choice >= 4 and [r.workers for r in slow][:4] == [1, 2, 3, 4], tables
+        # Rates follow the workers, as sleeping decodes do: four give about four times one.
+        best = max(r.images_per_s for r in slow)
+        assert best > 3 * slow[0].images_per_s, tables
+    else:  # fed at 3 sleeping workers (2 are >5% short of it); at full speed, 1 (or 2: noise)
+        assert slow_choice > fast_choice, tables
+        assert fast_choice <= 2 and slow_choice >= 3, tables
         # One sleeping worker leaves the model waiting, the chosen count feeds it: its rate
         # is about the model's (an 80 ms sleep, forward and backward).
         assert slow[0].data_wait_frac > 0.3, tables
@@ -242,6 +286,20 @@ def test_the_probe_leaves_the_model_and_random_streams_as_they_were(
     assert torch.equal(torch.get_rng_state(), streams[0])
     assert random.getstate() == streams[1]
     assert np.array_equal(np.random.get_state()[1], streams[2])
+
+
+def test_the_probe_measures_close_counts_twice_on_real_loaders(tiny_root: Path) -> None:
+    """Two counts within ``confirm_within`` of each other are measured again (the tiny set's
+    1 and 2 workers always are, within 99%) and their rows pool both windows; with
+    confirming off, each count is measured once."""
+    close = AutotuneSettings(window_s=0.3, min_batches=4, confirm_within=0.99)
+    rows = probe_on(tiny_root, None, cpus=2, settings=close)
+    assert [(r.workers, r.windows) for r in rows] == [(1, 2), (2, 2)], rows
+    for measured in rows:  # two windows of whole rounds, each of at least min_batches
+        assert measured.batches >= 2 * max(4, 2 * measured.workers)
+        assert measured.batches % measured.workers == 0 and measured.images == 4 * measured.batches
+    off = AutotuneSettings(window_s=0.3, min_batches=4, confirm_within=0.0)
+    assert {r.windows for r in probe_on(tiny_root, None, cpus=2, settings=off)} == {1}
 
 
 # ---------------------------------------------------------------------------------------------

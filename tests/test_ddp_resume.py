@@ -16,7 +16,9 @@ import torch
 from tests.conftest import run_dirs, run_entry
 from tests.test_distributed import finish, start_torchrun, torchrun
 
-pytestmark = pytest.mark.slow
+# One xdist worker runs the module: its uninterrupted 2-rank runs (a module fixture) are
+# made once, not per worker.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("ddp_resume")]
 
 # 160 train images, 80 a rank: 5 steps of 16 an epoch, far fewer than log_every_n_steps (50).
 # Dropout draws from each rank's own generator, so a rank resumed with another's state would

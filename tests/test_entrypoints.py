@@ -12,7 +12,8 @@ import torch
 from tests.conftest import read_metrics, run_dirs, run_entry, single_run
 from tests.wandb_offline import offline_runs
 
-pytestmark = pytest.mark.slow
+# One xdist worker runs the module: its trained run (a module fixture) is made once, not per worker.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("entrypoints")]
 
 CONTRACT_KEYS = {
     "loader",

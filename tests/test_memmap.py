@@ -6,6 +6,7 @@ from __future__ import annotations
 import gc
 import hashlib
 import json
+import multiprocessing
 import os
 import shutil
 import signal
@@ -280,9 +281,12 @@ def test_unreadable_files_are_skipped_recorded_and_counted(tiny_root: Path, tmp_
     finally:
         loader.close()
 
+    before = set(multiprocessing.active_children())
     with pytest.raises(OSError, match="not a jpeg|cannot read image|unreadable") as error:
         make_loader(index.val, tmp_path / "other", train=False, on_error="raise")
     assert broken in str(error.value)
+    # Its two build workers are gone, though the traceback in `error` still holds their loader.
+    assert not set(multiprocessing.active_children()) - before
     # The failed build left nothing behind that could be taken for a cache.
     assert not [
         p for p in (tmp_path / "other").iterdir() if not p.name.endswith((".lock", ".inuse"))

@@ -16,7 +16,9 @@ import torch
 from tests.conftest import REPO, run_dirs, run_entry
 from tests.wandb_offline import offline_runs
 
-pytestmark = pytest.mark.slow
+# One xdist worker runs the module: its uninterrupted runs (a module fixture) are made once,
+# not per worker.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("resume")]
 
 RECIPE = [
     "model.name=test_resnet",
@@ -28,17 +30,41 @@ RECIPE = [
 ]
 
 
+@pytest.fixture(scope="module")
+def uninterrupted(small_root: Path, tmp_path_factory: pytest.TempPathFactory):
+    """The checkpoint of RECIPE's uninterrupted run with a loader (made once a loader: the
+    logger does not change what is trained)."""
+    made: dict[str, dict] = {}
+
+    def get(loader: str) -> dict:
+        if loader not in made:
+            cwd = tmp_path_factory.mktemp(f"whole-{loader}")
+            cache = [f"loader.cache_dir={cwd / 'cache'}"] if loader == "memmap" else []
+            run_entry(
+                "train.py",
+                f"dataset.root={small_root}",
+                f"loader={loader}",
+                *RECIPE,
+                *cache,
+                cwd=cwd,
+            )
+            (run_dir,) = run_dirs(cwd, "train")
+            made[loader] = torch.load(run_dir / "checkpoint.pt", weights_only=True)
+        return made[loader]
+
+    return get
+
+
 @pytest.mark.parametrize("loader", ["torchvision", "memmap"])
 def test_resume_ends_where_an_uninterrupted_run_would(
-    loader: str, small_root: Path, tmp_path: Path
+    loader: str, uninterrupted, small_root: Path, tmp_path: Path
 ) -> None:
     common = [f"dataset.root={small_root}", f"loader={loader}", *RECIPE]
     if loader == "memmap":
         common.append(f"loader.cache_dir={tmp_path / 'cache'}")
-    whole, part, rest = (tmp_path / name for name in ("whole", "part", "rest"))
-    for folder in (whole, part, rest):
+    part, rest = (tmp_path / name for name in ("part", "rest"))
+    for folder in (part, rest):
         folder.mkdir()
-    run_entry("train.py", *common, cwd=whole)
     run_entry("train.py", *common, "train.stop_after_epochs=2", cwd=part)
     (part_dir,) = run_dirs(part, "train")
     assert torch.load(part_dir / "checkpoint.pt", weights_only=True)["epoch"] == 2
@@ -50,9 +76,8 @@ def test_resume_ends_where_an_uninterrupted_run_would(
         cwd=rest,
     )
 
-    (whole_dir,) = run_dirs(whole, "train")
     (rest_dir,) = run_dirs(rest, "train")
-    expected = torch.load(whole_dir / "checkpoint.pt", weights_only=True)
+    expected = uninterrupted(loader)
     resumed = torch.load(rest_dir / "checkpoint.pt", weights_only=True)
     assert resumed["epoch"] == expected["epoch"] == 3
     for name, tensor in expected["model"].items():
@@ -106,7 +131,7 @@ def signal_after(proc: subprocess.Popen, marker: str, signum: int, timeout: floa
 
 @pytest.mark.parametrize("loader", ["torchvision", "spdl"])
 def test_usr2_checkpoints_mid_epoch_and_the_same_command_continues(
-    loader: str, small_root: Path, tmp_path: Path
+    loader: str, uninterrupted, small_root: Path, tmp_path: Path
 ) -> None:
     """SLURM's time-limit warning (USR2): the run stops at a step boundary with its state, and
     the same command in the same run directory continues with no flag, ending where an
@@ -114,10 +139,7 @@ def test_usr2_checkpoints_mid_epoch_and_the_same_command_continues(
     common = [f"dataset.root={small_root}", f"loader={loader}", *RECIPE, "epochs=3"]
     if loader == "torchvision":  # and the W&B run continues under its id
         common = [arg.replace("logger=none", "logger=wandb") for arg in common]
-    whole, preempted = tmp_path / "whole", tmp_path / "preempted"
-    whole.mkdir()
-    run_entry("train.py", *common, cwd=whole)
-    run_dir = preempted / "run"
+    run_dir = tmp_path / "preempted" / "run"
     args = [*common, f"hydra.run.dir={run_dir}"]
     proc = start_train(*args, cwd=tmp_path)
     output = signal_after(proc, "epoch 1/3:", signal.SIGUSR2)
@@ -131,8 +153,7 @@ def test_usr2_checkpoints_mid_epoch_and_the_same_command_continues(
     metrics = json.loads((run_dir / "metrics.json").read_text())
     assert metrics["status"] == "ok" and metrics["epochs"] == 3 and metrics["requeues"] == 1
     assert metrics["resumed_from"] == str(run_dir / "checkpoint.pt")
-    (whole_dir,) = run_dirs(whole, "train")
-    expected = torch.load(whole_dir / "checkpoint.pt", weights_only=True)
+    expected = uninterrupted(loader)
     resumed = torch.load(run_dir / "checkpoint.pt", weights_only=True)
     assert resumed["epoch"] == 3 and resumed["batches"] == 0
     for name, tensor in expected["model"].items():

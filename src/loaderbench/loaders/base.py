@@ -191,3 +191,14 @@ def to_device(batch: Batch, device: torch.device, non_blocking: bool) -> Batch:
         batch.images.to(device, non_blocking=non_blocking),
         batch.labels.to(device, non_blocking=non_blocking),
     )
+
+
+def stop_workers(iterator: object) -> None:
+    """A DataLoader iterator's worker processes stopped now (a no-op for other iterators).
+
+    Left to the garbage collector, an iterator that an exception's traceback still holds (a
+    failed cache build, a stopped epoch) keeps its workers alive for as long as the traceback
+    lives, and every process forked meanwhile inherits a copy of it to finalize."""
+    shutdown = getattr(iterator, "_shutdown_workers", None)
+    if shutdown is not None:
+        shutdown()

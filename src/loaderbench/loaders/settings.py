@@ -48,6 +48,9 @@ class AutotuneSettings:
     min_batches: int = 4
     # No count is started after this many seconds of probing.
     max_probe_s: float = 60.0
+    # Counts within this fraction of the best rate (two or more) are measured a second time and
+    # chosen on both windows pooled; 0: never.
+    confirm_within: float = 0.10
 
     def checks(self) -> list[Check]:
         finite = math.isfinite
@@ -68,6 +71,11 @@ class AutotuneSettings:
                 self.window_s,
             ),
             (self.min_batches >= 1, "loader.autotune.min_batches must be >= 1", self.min_batches),
+            (
+                finite(self.confirm_within) and 0 <= self.confirm_within < 1,
+                "loader.autotune.confirm_within must be >= 0 and < 1",
+                self.confirm_within,
+            ),
             (
                 finite(self.max_probe_s) and self.max_probe_s > 0,
                 "loader.autotune.max_probe_s must be > 0",

@@ -42,6 +42,7 @@ from torch.utils.data import DataLoader, Dataset
 from tqdm import tqdm
 
 from loaderbench.images import load_rgb, read_rgb
+from loaderbench.loaders.base import stop_workers
 from loaderbench.loaders.memmap.settings import Settings
 from loaderbench.splits import Split
 from loaderbench.stopping import raise_if_stop_requested
@@ -253,18 +254,24 @@ def run_chunks(job: BuildJob, chunks: BuildChunks, sink: ChunkSink | None = None
         disable=not job.progress or None,
         file=sys.stderr,
     )
-    with bar:
-        for start, sizes, errors, payload in loader:
-            raise_if_stop_requested()
-            done.heights[start : start + len(sizes)] = sizes[:, 0]
-            done.widths[start : start + len(sizes)] = sizes[:, 1]
-            for index, message in errors:  # named by the loader when an epoch meets it
-                done.skipped.append({"index": index, "path": split.paths[index], "error": message})
-            if sink is not None:
-                sink(start, payload)
-            bar.update(len(sizes))
-            if not first_count:
-                first_at, first_count = time.perf_counter(), len(sizes)
+    in_order = iter(loader)
+    try:
+        with bar:
+            for start, sizes, errors, payload in in_order:
+                raise_if_stop_requested()
+                done.heights[start : start + len(sizes)] = sizes[:, 0]
+                done.widths[start : start + len(sizes)] = sizes[:, 1]
+                for index, message in errors:  # named by the loader when an epoch meets it
+                    done.skipped.append(
+                        {"index": index, "path": split.paths[index], "error": message}
+                    )
+                if sink is not None:
+                    sink(start, payload)
+                bar.update(len(sizes))
+                if not first_count:
+                    first_at, first_count = time.perf_counter(), len(sizes)
+    finally:  # a failed image or a stop too: the workers go now, not with the traceback
+        stop_workers(in_order)
     done.decode_s = time.perf_counter() - started
     if n > first_count:
         done.steady_images_per_s = (n - first_count) / (time.perf_counter() - first_at)

@@ -23,7 +23,14 @@ from torchvision.transforms.v2 import functional as TF
 
 from loaderbench.data import Split
 from loaderbench.images import load_rgb
-from loaderbench.loaders.base import Batch, Loader, LoaderSpec, register_loader, to_device
+from loaderbench.loaders.base import (
+    Batch,
+    Loader,
+    LoaderSpec,
+    register_loader,
+    stop_workers,
+    to_device,
+)
 from loaderbench.loaders.torchvision.settings import Settings
 from loaderbench.transforms import pil_val_transform
 
@@ -195,7 +202,5 @@ class TorchvisionLoader(Loader):
 
     def close(self) -> None:
         # Persistent workers live as long as the iterator; dropping it shuts them down.
-        iterator = getattr(self.dataloader, "_iterator", None)
-        if iterator is not None and hasattr(iterator, "_shutdown_workers"):
-            iterator._shutdown_workers()
+        stop_workers(getattr(self.dataloader, "_iterator", None))
         self.dataloader._iterator = None

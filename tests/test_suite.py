@@ -1,0 +1,68 @@
+"""The suite's own machinery: `make test`'s xdist groups hold (the quick bench and the local
+SLURM cluster are module and session fixtures, built once only if their tests share a worker)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("xdist", reason="make test runs pytest-xdist; this pytest has none")
+
+GROUPED = """
+import os
+import pytest
+
+pytestmark = pytest.mark.xdist_group("one")
+
+
+@pytest.fixture(scope="module")
+def built():
+    with open("setups.txt", "a") as f:
+        f.write(os.environ["PYTEST_XDIST_WORKER"] + "\\n")
+
+
+@pytest.mark.parametrize("i", range(6))
+def test_grouped(built, i):
+    with open("grouped.txt", "a") as f:
+        f.write(os.environ["PYTEST_XDIST_WORKER"] + "\\n")
+"""
+
+LOOSE = """
+import time
+import pytest
+
+
+@pytest.mark.parametrize("i", range(6))
+def test_loose(i):
+    time.sleep(0.05)
+"""
+
+
+def test_a_group_runs_on_one_worker_and_its_module_fixture_is_built_once(tmp_path: Path) -> None:
+    (tmp_path / "pytest.ini").write_text("[pytest]\n")  # its own root: none of our conftest
+    (tmp_path / "test_grouped.py").write_text(GROUPED)
+    (tmp_path / "test_loose.py").write_text(LOOSE)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-n",
+            "2",
+            "--dist",
+            "loadgroup",
+            "-p",
+            "no:cacheprovider",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    workers = (tmp_path / "grouped.txt").read_text().split()
+    assert len(workers) == 6 and len(set(workers)) == 1, workers
+    assert (tmp_path / "setups.txt").read_text().split() == workers[:1]
