@@ -23,6 +23,7 @@ from loaderbench.autotune import (
     Workload,
     choose,
     cpus_allowed,
+    fed_wait,
     keep_climbing,
     pooled,
     probe,
@@ -82,23 +83,41 @@ def test_choose_takes_the_fewest_workers_within_tolerance_of_the_best() -> None:
 
 
 def test_climbing_goes_on_while_a_count_gains_and_the_loop_still_waits() -> None:
-    assert keep_climbing([row(1, 100.0)], 0.05)
-    assert keep_climbing([row(1, 100.0), row(2, 106.0)], 0.05)
-    assert not keep_climbing([row(1, 100.0), row(2, 104.0)], 0.05)
+    assert keep_climbing([row(1, 100.0)], 0.05, 0.05)
+    assert keep_climbing([row(1, 100.0), row(2, 106.0)], 0.05, 0.05)
+    assert not keep_climbing([row(1, 100.0), row(2, 104.0)], 0.05, 0.05)
     # Measured against the best so far, not the count before.
-    assert not keep_climbing([row(1, 100.0), row(2, 150.0), row(3, 120.0), row(4, 155.0)], 0.05)
-    # A loop that waits for no data at one count still tries the next (sharing the CPU with
-    # the model, another worker can still raise the rate).
-    assert keep_climbing([row(1, 100.0, wait=0.0)], 0.05)
-    assert not keep_climbing([row(1, 100.0, wait=0.0), row(2, 104.0, wait=0.0)], 0.05)
+    rows = [row(1, 100.0), row(2, 150.0), row(3, 120.0), row(4, 155.0)]
+    assert not keep_climbing(rows, 0.05, 0.05)
+    # A fed loop (waiting 4.8% or less of its time at a 5% tolerance) stops the climb: more
+    # workers could make it at most 5% faster, and would take CPU from the model.
+    assert fed_wait(0.05) == pytest.approx(0.05 / 1.05)
+    assert not keep_climbing([row(1, 100.0, wait=0.0)], 0.05, 0.05)
+    assert not keep_climbing([row(1, 100.0, wait=0.5), row(2, 190.0, wait=0.04)], 0.05, 0.05)
+    assert keep_climbing([row(1, 100.0, wait=0.06)], 0.05, 0.05)
+    assert keep_climbing([row(1, 100.0, wait=0.04)], 0.05, 0.02)  # a tighter tolerance
+
+
+def test_the_fewest_fed_count_is_chosen_whatever_a_higher_one_measured() -> None:
+    # Fed at 1: 2 workers' 10% better window is noise (or the process warming up), not theirs.
+    assert choose([row(1, 100.0, wait=0.01), row(2, 110.0, wait=0.0)], 0.05) == 1
+    # Fed only at 3; 2 waits and is 20% short.
+    table = [row(1, 50.0, wait=0.6), row(2, 80.0, wait=0.3), row(3, 100.0, wait=0.02)]
+    assert choose(table, 0.05) == 3
+    # A count within the tolerance of the best still wins over a fed higher one.
+    assert choose([row(1, 96.0, wait=0.2), row(2, 100.0, wait=0.0)], 0.05) == 1
+    # Without a model the loop always waits: the rates alone decide.
+    assert choose([row(1, 100.0, wait=1.0), row(2, 190.0, wait=1.0)], 0.05) == 2
 
 
 def test_counts_near_the_best_are_measured_again_and_chosen_on_both_windows() -> None:
-    assert to_confirm([row(1, 90.0), row(2, 108.0), row(3, 111.0)], 0.10) == [2, 3]
-    assert to_confirm([row(1, 100.0), row(2, 108.0)], 0.10) == [1, 2]
-    assert to_confirm([row(1, 100.0), row(2, 150.0)], 0.10) == []  # one stands clear
-    assert to_confirm([row(1, 100.0), row(2, 108.0)], 0.0) == []  # confirming is off
-    assert to_confirm([row(1, 100.0)], 0.10) == []
+    assert to_confirm([row(1, 90.0), row(2, 108.0), row(3, 111.0)], 0.10, 0.05) == [2, 3]
+    assert to_confirm([row(1, 100.0), row(2, 108.0)], 0.10, 0.05) == [1, 2]
+    assert to_confirm([row(1, 100.0), row(2, 150.0)], 0.10, 0.05) == []  # one stands clear
+    assert to_confirm([row(1, 100.0), row(2, 108.0)], 0.0, 0.05) == []  # confirming is off
+    assert to_confirm([row(1, 100.0)], 0.10, 0.05) == []
+    # The fewest close count was fed: it is the choice whatever a second window says.
+    assert to_confirm([row(1, 100.0, wait=0.01), row(2, 108.0)], 0.10, 0.05) == []
     # 100 images in 1 s, then 100 in 2 s: 200 in 3 s; wait by seconds, CPU by images.
     first = ProbeRow(2, 100.0, 0.1, 2.0, 100, 4, 1.5)
     second = ProbeRow(2, 50.0, 0.4, 4.0, 100, 4, 2.5)
@@ -225,8 +244,8 @@ def test_auto_gives_a_slow_decode_more_workers_than_a_fast_one(
     """Ladder 1, 2, 3, 4, 6 (six CPUs said allowed). Sleeping decode: each worker adds a batch
     per 230 ms, mostly without CPU, so with no model every count gains and the probe climbs to
     four or more; with a model of 85 ms a step the loop is fed at 3 workers (230 / 3 < 85 ms). At
-    full speed one worker decodes a batch in ~30 ms: fed at once with the slow model (the
-    probe still measures 2, which gains nothing). Without a model the full-speed climb is
+    full speed one worker decodes a batch in ~30 ms: fed at once with the slow model, where
+    the climb stops. Without a model the full-speed climb is
     bound by the cores the machine really has, not the six it is told: it stops at 2 or 3 on
     two cores and may reach the top on more (CI once measured 1 -> 6 workers: 279 -> 627
     images/s), so there the sleeping decode is only asserted never to get fewer."""
@@ -247,6 +266,9 @@ def test_auto_gives_a_slow_decode_more_workers_than_a_fast_one(
     else:  # fed at 3 sleeping workers (2 are >5% short of it); at full speed, 1 (or 2: noise)
         assert slow_choice > fast_choice, tables
         assert fast_choice <= 2 and slow_choice >= 3, tables
+        # A fed count ends the climb: one full-speed worker feeds the model, nothing is
+        # measured past it.
+        assert fast[0].data_wait_frac > fed_wait(0.05) or len(fast) == 1, tables
         # One sleeping worker leaves the model waiting, the chosen count feeds it: its rate
         # is about the model's (an 80 ms sleep, forward and backward).
         assert slow[0].data_wait_frac > 0.3, tables

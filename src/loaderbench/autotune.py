@@ -2,18 +2,21 @@
 
 Before the first epoch a probe runs the run's own loop at a ladder of worker counts (1, 2, 3,
 4, 6, 8, 12, 16, ... up to the CPUs this process may use) and keeps the fewest workers whose
-images/s is within ``loader.autotune.tolerance`` of the best it saw. The loop is the real one:
-the configured loader, rebuilt for each count, and the model's forward and backward on the
-run's device in its precision (the optimizer does not step; ``model=none``: the loader alone;
-eval.py: the forward pass). With a model on a GPU the model bounds the rate, so the count
-chosen is the fewest whose data wait is about zero; on the CPU the workers and the model share
-the cores and the rate alone decides. It always measures a second count (where the CPUs allow
-one), then climbs while a count beats the best before it by more than
+images/s is within ``loader.autotune.tolerance`` of the best it saw, or, if fewer, the fewest
+whose loop was fed: a loop that waited ``w`` of its time for data could run at most
+``1 / (1 - w)`` times faster with more workers, so at ``w <= tolerance / (1 + tolerance)``
+(``fed_wait``) no count can beat it by more than the tolerance, and a higher count's better
+rate in a window of a few batches is the machine's noise (or the probe's first steps warming
+the process up), not the workers'. The loop is the real one: the configured loader, rebuilt
+for each count, and the model's forward and backward on the run's device in its precision (the
+optimizer does not step; ``model=none``: the loader alone, which always waits; eval.py: the
+forward pass). It stops at the first fed count; otherwise it always measures a second count
+(where the CPUs allow one), then climbs while a count beats the best before it by more than
 ``loader.autotune.gain``, and starts no count after ``loader.autotune.max_probe_s``. Where two
-or more counts came out within ``loader.autotune.confirm_within`` of the best, those are
-measured once more, in reverse order, and chosen on both windows pooled: one window of a few
-batches does not resolve a few percent on a busy machine, and the counts near the tolerance's
-edge are the ones its noise can swap.
+or more counts came out within ``loader.autotune.confirm_within`` of the best, and the fewest
+of them was not fed, those are measured once more, in reverse order, and chosen on both
+windows pooled: one window of a few batches does not resolve a few percent on a busy machine,
+and the counts near the tolerance's edge are the ones its noise can swap.
 
 The probe changes nothing the run computes: it reads probe epochs (``PROBE_EPOCH`` on), far
 from the run's, so epoch 1's images, order and crops are untouched; it restores the model's
@@ -150,29 +153,46 @@ def near_best(rows: list[ProbeRow], fraction: float) -> list[int]:
     return [row.workers for row in rows if row.images_per_s >= (1 - fraction) * best]
 
 
+def fed_wait(tolerance: float) -> float:
+    """The data wait at or below which a loop is fed: removing a wait ``w`` speeds it up at
+    most ``1 / (1 - w)`` times, within ``1 + tolerance`` for ``w <= tolerance / (1 +
+    tolerance)`` (4.8% at the default 5%)."""
+    return tolerance / (1 + tolerance)
+
+
+def fed(rows: list[ProbeRow], tolerance: float) -> list[int]:
+    """The counts whose loop was fed (``fed_wait``): none without a model, whose loop waits
+    for nothing else."""
+    return [row.workers for row in rows if row.data_wait_frac <= fed_wait(tolerance)]
+
+
 def choose(rows: list[ProbeRow], tolerance: float) -> int:
-    """The fewest workers whose images/s is at least ``(1 - tolerance)`` x the best seen."""
+    """The fewest workers whose images/s is at least ``(1 - tolerance)`` x the best seen, or
+    whose loop was fed (no more workers could make it faster by more than the tolerance)."""
     if not rows:
         raise ValueError("no worker count was measured")
-    return min(near_best(rows, tolerance))
+    return min(near_best(rows, tolerance) + fed(rows, tolerance))
 
 
-def to_confirm(rows: list[ProbeRow], within: float) -> list[int]:
+def to_confirm(rows: list[ProbeRow], within: float, tolerance: float) -> list[int]:
     """The counts to measure a second time: every one within ``within`` of the best rate,
     when there are two or more (``within`` is about twice the tolerance: the counts a window's
-    noise could move across the tolerance's edge). None when one count stands clear."""
+    noise could move across the tolerance's edge). None when one count stands clear, or when
+    the fewest of them was fed (then the rates do not decide)."""
     if within <= 0 or len(rows) < 2:
         return []
     close = near_best(rows, within)
-    return close if len(close) > 1 else []
+    if len(close) < 2 or min(close) in fed(rows, tolerance):
+        return []
+    return close
 
 
-def keep_climbing(rows: list[ProbeRow], gain: float) -> bool:
-    """Try the next count: always after the first, then while the last one beat the best
-    before it by more than ``gain``. Not "stop once the loop waits for no data": where the
-    workers and the model share the CPU, a loop that waited 0.1-0.3% at one worker can run
-    10-15% faster at two (spdl and memmap with test_resnet on 2 cores), so the second count
-    is measured, not assumed."""
+def keep_climbing(rows: list[ProbeRow], gain: float, tolerance: float) -> bool:
+    """Try the next count: not once the loop is fed (more workers could only take CPU from
+    it); else always after the first, then while the last one beat the best before it by more
+    than ``gain``."""
+    if rows[-1].workers in fed(rows, tolerance):
+        return False
     if len(rows) == 1:
         return True
     before = max(row.images_per_s for row in rows[:-1])
@@ -552,11 +572,12 @@ def probe(
             row, in_time = measure(workers)
             rows.append(row)
             log_rung(row)
-            if not in_time or not keep_climbing(rows, options.gain):
+            if not in_time or not keep_climbing(rows, options.gain, options.tolerance):
                 break
         # Every rank holds the same rows (over_ranks), so every rank confirms the same counts.
         # In reverse order: a drift of the machine over the probe weighs on both ends alike.
-        for workers in reversed(to_confirm(rows, options.confirm_within) if in_time else []):
+        confirm = to_confirm(rows, options.confirm_within, options.tolerance)
+        for workers in reversed(confirm if in_time else []):
             again, in_time = measure(workers)
             at = next(i for i, row in enumerate(rows) if row.workers == workers)
             rows[at] = pooled(rows[at], again)

@@ -38,7 +38,8 @@ class AutotuneSettings:
 
     # Probe again instead of reusing the choice remembered for the same machine and run.
     refresh: bool = False
-    # Choose the fewest workers whose images/s is at least (1 - tolerance) x the best seen.
+    # Choose the fewest workers whose images/s is at least (1 - tolerance) x the best seen, or
+    # whose loop waited at most tolerance / (1 + tolerance) of its time for data (fed).
     tolerance: float = 0.05
     # Climb to the next count only while the last one beat the best before it by more than this.
     gain: float = 0.05
