@@ -237,6 +237,8 @@ def probe_on(
 
 # Six CPUs said allowed on a 2-core machine: DataLoader's warning about it is expected here.
 @pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")
+# Rates measured while the other xdist worker runs: one assertion failure is measured again.
+@pytest.mark.flaky(reruns=1, only_rerun=["AssertionError"])
 @pytest.mark.parametrize("model_delay_s", [MODEL_SLEEP_S, None], ids=["slow-model", "no-model"])
 def test_auto_gives_a_slow_decode_more_workers_than_a_fast_one(
     small_root: Path, request: pytest.FixtureRequest, model_delay_s: float | None

@@ -144,6 +144,8 @@ def test_a_region_is_exactly_that_crop_of_the_whole_image(name: str, kind: str) 
         assert torch.equal(region, expected), (name, kind, (top, left, h, w))
 
 
+# Rates measured while the other xdist worker runs: one assertion failure is measured again.
+@pytest.mark.flaky(reruns=1, only_rerun=["AssertionError"])
 def test_nvimgcodec_decodes_only_the_region_on_the_cpu() -> None:
     """The region path is the library's own (a box costs less than the image), not a crop of a
     whole decode: a box's decode must be faster than the whole image's."""
