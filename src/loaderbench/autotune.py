@@ -191,7 +191,7 @@ def keep_climbing(rows: list[ProbeRow], gain: float, tolerance: float) -> bool:
     """Try the next count: not once the loop is fed (more workers could only take CPU from
     it); else always after the first, then while the last one beat the best before it by more
     than ``gain``."""
-    if rows[-1].workers in fed(rows, tolerance):
+    if rows[-1].data_wait_frac <= fed_wait(tolerance):
         return False
     if len(rows) == 1:
         return True
