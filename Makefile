@@ -36,11 +36,23 @@ TEST_WORKERS ?= 2
 # not own, and the next DataLoader start fails with EBADF (issue 21: not found yet). A test that
 # fails with exactly that error runs once more; any other failure fails at once.
 RERUN_EBADF = --reruns 1 --only-rerun 'OSError: \[Errno 9\] Bad file descriptor'
-test: install
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup $(RERUN_EBADF) $(ARGS)
+# ... and the descriptor audit is there to name it: tests/fd_audit/closeshim.c, preloaded into
+# every process of the run, reports any close that fails with EBADF or takes a live
+# multiprocessing Connection's descriptor, with the culprit's native and Python stacks, in the
+# session's summary (FD_AUDIT_STRICT=1: such a report fails the session). FD_AUDIT=0: off; no C
+# compiler: off, said so.
+FD_AUDIT ?= 1
+FD_SHIM := $(VENV)/fd_audit/closeshim.so
+$(FD_SHIM): tests/fd_audit/closeshim.c
+	mkdir -p $(@D)
+	$(CC) -O1 -shared -fPIC -o $@ $< -ldl -lpthread || echo "no C compiler: the descriptor audit is off"
+AUDITED = FD_AUDIT_DIR=$$(mktemp -d) \
+	LD_PRELOAD="$$(test "$(FD_AUDIT)" = 1 && test -f $(FD_SHIM) && echo $(abspath $(FD_SHIM)))"
+test: install $(FD_SHIM)
+	$(AUDITED) $(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup $(RERUN_EBADF) $(ARGS)
 
-test-fast: install
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup $(RERUN_EBADF) -m "not slow" $(ARGS)
+test-fast: install $(FD_SHIM)
+	$(AUDITED) $(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup $(RERUN_EBADF) -m "not slow" $(ARGS)
 
 lint: install
 	$(VENV)/bin/ruff check .

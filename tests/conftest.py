@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import socket
 import subprocess
 import sys
@@ -13,6 +14,9 @@ from pathlib import Path
 import pytest
 
 from loaderbench.synthetic import SyntheticSpec, ensure_synthetic
+from tests import fd_audit
+
+fd_audit.install()  # before any test: in the controller and in every xdist worker
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = SyntheticSpec(num_classes=3, train_per_class=8, val_per_class=4, seed=0)
@@ -46,6 +50,40 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         items[:] = [item for group in groups for item in group]
     elif order != "as-written":
         raise pytest.UsageError(f"--order={order}: as-written, reverse or shuffle:SEED")
+
+
+def _audit_folder() -> str | None:
+    """The descriptor audit's folder, in the controller only (xdist workers have no summary)."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        return None
+    return os.environ.get("FD_AUDIT_DIR") or None
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    folder = _audit_folder()
+    if folder and os.environ.get("FD_AUDIT_STRICT") == "1" and fd_audit.findings(folder)[1]:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
+    folder = _audit_folder()
+    if folder is None:
+        return
+    if not fd_audit.shim_loaded():
+        terminalreporter.write_line("descriptor audit: off (closeshim.so not preloaded)")
+        return
+    audited, text = fd_audit.findings(folder)
+    if not text:
+        terminalreporter.write_line(
+            "descriptor audit: no descriptor closed twice, none taken from a live "
+            f"multiprocessing Connection ({audited} pytest processes with Python stacks, every "
+            "Python process they started natively)"
+        )
+        shutil.rmtree(folder, ignore_errors=True)
+        return
+    terminalreporter.section("descriptor audit: a descriptor closed twice or taken (issue 21)")
+    terminalreporter.write_line(text)
+    terminalreporter.write_line(f"(all of it in {folder})")
 
 
 def shared_data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
