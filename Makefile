@@ -45,7 +45,7 @@ FD_AUDIT ?= 1
 FD_SHIM := $(VENV)/fd_audit/closeshim.so
 $(FD_SHIM): tests/fd_audit/closeshim.c
 	mkdir -p $(@D)
-	$(CC) -O1 -shared -fPIC -o $@ $< -ldl -lpthread || echo "no C compiler: the descriptor audit is off"
+	$(CC) -O1 -shared -fPIC -o $@ $< -ldl || echo "no C compiler: the descriptor audit is off"
 AUDITED = FD_AUDIT_DIR=$$(mktemp -d) \
 	LD_PRELOAD="$$(test "$(FD_AUDIT)" = 1 && test -f $(FD_SHIM) && echo $(abspath $(FD_SHIM)))"
 test: install $(FD_SHIM)

@@ -74,7 +74,7 @@ def shim(tmp_path_factory: pytest.TempPathFactory) -> Path:
     built = tmp_path_factory.mktemp("fd_audit") / "closeshim.so"
     source = REPO / "tests" / "fd_audit" / "closeshim.c"
     subprocess.run(
-        [compiler, "-O1", "-shared", "-fPIC", "-o", str(built), str(source), "-ldl", "-lpthread"],
+        [compiler, "-O1", "-shared", "-fPIC", "-o", str(built), str(source), "-ldl"],
         check=True,
     )
     return built

@@ -9,15 +9,15 @@
  *     by anyone but that Connection (the Python side marks them: fd_audit_own/_legit).
  * Reports go to $FD_AUDIT_DIR/native.<pid>; where the process has a handler for signal 40
  * (tests/fd_audit/__init__.py registers faulthandler on it) the culprit's Python stack follows
- * in python.<pid>. Only Python processes report; processes that do not set FD_AUDIT_DIR, and
- * vfork children (they share our memory until exec), do nothing but close.
+ * in python.<pid>. Only the Python process that was exec'd with the shim watches: in any other
+ * program, and in its fork and vfork children (where a lock another thread held at the fork, or
+ * memory shared until exec, makes unwinding unsafe), every call goes straight to libc.
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <errno.h>
 #include <execinfo.h>
 #include <fcntl.h>
-#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -38,10 +38,8 @@ static __thread int own_close = -1;      /* the number a Connection is closing i
 static int (*real_close)(int);
 static int (*real_dup2)(int, int);
 static int (*real_dup3)(int, int, int);
-static pid_t owner = -1;                 /* the process these tables describe */
-static int python = 0;                   /* 1: a Python process, -1: not, 0: not known yet */
+static pid_t owner = -1;                 /* the Python process watched; -1: none */
 static int log_fd = -2;                  /* -2: not opened yet, -1: no log */
-static int recording = 1;                /* stacks of successful closes: off in forked children */
 
 void fd_audit_own(int fd) { if (fd >= 0 && fd < MAX_FD) held[fd] = 1; }
 void fd_audit_legit(int fd) { own_close = fd; }
@@ -53,29 +51,18 @@ static long long now_ns(void) {
   return t.tv_sec * 1000000000LL + t.tv_nsec;
 }
 
-static void forked_child(void) {
-  owner = syscall(SYS_getpid);
-  memset(previous, 0, sizeof previous);
-  memset(held, 0, sizeof held);
-  log_fd = -2;
-  recording = 0;  /* the unwinder may take a lock another thread held at fork */
-}
-
 static void __attribute__((constructor)) init(void) {
   real_close = dlsym(RTLD_NEXT, "close");
   real_dup2 = dlsym(RTLD_NEXT, "dup2");
   real_dup3 = dlsym(RTLD_NEXT, "dup3");
+  /* Decided here, single-threaded: the loader's lock is never taken later, inside close(). */
+  if (!getenv("FD_AUDIT_DIR") || !dlsym(RTLD_DEFAULT, "Py_IsInitialized")) return;
   void *warm[2];
-  backtrace(warm, 2);  /* loads libgcc_s now, never later inside a child */
+  backtrace(warm, 2);  /* loads libgcc_s now, not at the first report */
   owner = syscall(SYS_getpid);
-  pthread_atfork(NULL, NULL, forked_child);
 }
 
-static int watching(void) {
-  if (syscall(SYS_getpid) != owner) return 0;  /* a vfork child */
-  if (!python) python = dlsym(RTLD_DEFAULT, "Py_IsInitialized") ? 1 : -1;
-  return python > 0;
-}
+static int watching(void) { return owner > 0 && syscall(SYS_getpid) == owner; }
 
 static void open_log(void) {
   if (log_fd != -2) return;
@@ -126,7 +113,7 @@ int close(int fd) {
   int result = real_close(fd);
   int error = errno;
   if (watching()) {
-    if (result == 0 && fd >= 0 && fd < MAX_FD && recording) {
+    if (result == 0 && fd >= 0 && fd < MAX_FD) {
       previous[fd].tid = syscall(SYS_gettid);
       previous[fd].ns = now_ns();
       previous[fd].frames = backtrace(previous[fd].stack, DEPTH);
