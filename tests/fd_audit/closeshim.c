@@ -108,11 +108,15 @@ static int stolen(int fd) {
 int close(int fd) {
   if (!real_close) real_close = dlsym(RTLD_NEXT, "close");
   if (fd >= 0 && fd == log_fd) { errno = EBADF; return -1; }  /* a loop closing every number */
-  if (stolen(fd)) report("STOLEN close", fd);
-  if (fd >= 0 && fd < MAX_FD && (own_close == fd || held[fd])) { held[fd] = 0; if (own_close == fd) own_close = -1; }
+  int watched = watching();  /* not in a vfork child: its writes would land in our tables */
+  if (watched && fd >= 0 && fd < MAX_FD) {
+    if (held[fd] && own_close != fd) report("STOLEN close", fd);
+    held[fd] = 0;
+    own_close = -1;
+  }
   int result = real_close(fd);
   int error = errno;
-  if (watching()) {
+  if (watched) {
     if (result == 0 && fd >= 0 && fd < MAX_FD) {
       previous[fd].tid = syscall(SYS_gettid);
       previous[fd].ns = now_ns();
