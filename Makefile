@@ -34,8 +34,9 @@ data: install
 TEST_WORKERS ?= 2
 # About one whole-suite run in twelve, something in a pytest worker closes a descriptor it does
 # not own, and the next DataLoader start fails with EBADF (issue 21: not found yet). A test that
-# fails with exactly that error runs once more; any other failure fails at once.
-RERUN_EBADF = --reruns 1 --only-rerun 'OSError: \[Errno 9\] Bad file descriptor'
+# fails with exactly that error runs once more; any other failure fails at once; -rR names every
+# test that ran again (the flaky-marked speed comparisons too).
+RERUN_EBADF = -raR --reruns 1 --only-rerun 'OSError: \[Errno 9\] Bad file descriptor'
 # ... and the descriptor audit is there to name it: tests/fd_audit/closeshim.c, preloaded into
 # every process of the run, reports any close that fails with EBADF or takes a live
 # multiprocessing Connection's descriptor, with the culprit's native and Python stacks, in the
