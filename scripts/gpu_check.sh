@@ -1,27 +1,37 @@
 #!/usr/bin/env bash
-# scripts/gpu_check.sh OUTDIR [--dry-run]: the prepared check for a GPU machine without network.
+# scripts/gpu_check.sh OUTDIR [--dry-run | --plan]: the prepared check for a GPU machine without
+# network.
 #
 # On the GPU machine (Python 3.12 with torch at `python3`; `make gpu-kit` run at home and
-# .gpu-kit/ carried along), in under 8 minutes, each phase with its own time limit:
+# .gpu-kit/ carried along), in under 8 minutes, each phase with its own time limit, the most
+# valuable first (a slow start cuts the last ones):
+#   env-quick  env.json at once: nvidia-smi, torch / CUDA (without the kit's libraries)
 #   kit    the kit's wheels installed into a temporary site folder (nothing else is touched)
 #   env    the machine: nvidia-smi, torch / CUDA / cuDNN, the kit's versions, whether
 #          torchcodec, spdl.io and nvImageCodec load (and which libnvjpeg nvImageCodec found),
 #          the JPEG decoder the loaders choose on each device
 #   data   a synthetic ImageNet-like set (100 classes, 4000 train + 1000 val JPEGs of
 #          ImageNet's sizes)
-#   decode batched JPEG decode of 2048 of its train images through loaderbench.decode:
+#   projection  the plan's projected time (a row a phase and multirun, summed): fails when
+#          it does not fit the budget with room; and the size that travels (kit + tree)
+#   bench  train.py model=resnet50 (bf16, channels_last, 224 px): spdl nvjpeg, then memmap raw
+#          and jpeg stores on CUDA (8 reading threads: their work is on the GPU)
+#   tests  pytest -m cuda
+#   decode batched JPEG decode of 1024 of its train images through loaderbench.decode:
 #          nvImageCodec (whole images, and only each train crop's box) against TorchCodec's
 #          and torchvision.io's batched nvJPEG decode (whole images, then cut), and their pixels
-#   tests  pytest -m cuda
-#   bench  every loader (memmap raw / jpeg store, spdl turbo / nvjpeg, torchvision) at 4 and 12
-#          workers, 224 px: train.py model=resnet50 (bf16, channels_last), train.py model=none
-#          and eval.py model=none; one Hydra multirun a loader setting, logger=none
+#   bench  the rest, by value: spdl turbo at 4 and 12 workers and torchvision at 12 with the
+#          model; train.py model=none for spdl nvjpeg and memmap; eval.py model=none for memmap
+#          (val raw) and spdl nvjpeg; num_workers=auto on spdl turbo; eval.py spdl turbo.
+#          One Hydra multirun a loader setting, logger=none; one worker count where a second
+#          adds nothing (the GPU-side loaders; CPU decoders past the model's rate)
 # and writes to OUTDIR: report.md (a row a job: images/s, data_wait_frac, cpu_s_per_1k_images,
 # ttfb_s, peak_rss_mb; the decode figures; the machine; the tests), check.log (everything
 # printed), pytest.log, env.json, decode.json and runs.tar.gz (every job's metrics.json, log
 # and .hydra/; no checkpoints).
 # A failing job or phase does not stop the others; the exit code is 0 only when all passed.
 #
+# --plan prints the projection and the size that travels, and runs nothing (exit 1: over budget).
 # Without CUDA it refuses (exit 3) unless given --dry-run, which does what a CPU can: checks the
 # kit, a small data set, the decode phase on CPU threads, pytest -m cuda (they skip), and the
 # same sweeps on the CPU with a tiny model at 64 px and one worker count (no nvjpeg), with wandb
@@ -39,10 +49,11 @@ usage() {
     echo "usage: $0 OUTDIR [--dry-run]" >&2
     exit 2
 }
-OUT="" DRY=0
+OUT="" DRY=0 PLAN_ONLY=0 ONLY_PLAN=0
 for arg in "$@"; do
     case $arg in
         --dry-run) DRY=1 ;;
+        --plan) ONLY_PLAN=1 ;;
         -h | --help)
             sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'
             exit 0
@@ -54,7 +65,8 @@ for arg in "$@"; do
             ;;
     esac
 done
-[[ -n $OUT ]] || usage
+[[ -n $OUT || $ONLY_PLAN == 1 ]] || usage
+[[ $ONLY_PLAN == 1 ]] && DRY=1 # the projection is the GPU plan's, wherever it is printed
 
 # The interpreter: PYTHON where given; else on a dry run PY312 (the GPU machine's stack, the kit
 # installed as there: STACK=gpu) or this checkout's .venv; else the machine's python3.
@@ -70,8 +82,8 @@ else
 fi
 [[ $DRY == 1 && $PY != "${PY312:-}" ]] && STACK=home
 
-cuda_rc=0
-cuda_msg=$("$PY" -c '
+cuda_rc=0 cuda_msg="not asked (--plan)"
+[[ $ONLY_PLAN == 1 ]] || cuda_msg=$("$PY" -c '
 import sys
 import torch
 state = f"torch {torch.__version__}, CUDA build {torch.version.cuda}"
@@ -80,21 +92,24 @@ if not torch.cuda.is_available():
     sys.exit(3)
 print(f"{torch.cuda.device_count()} x {torch.cuda.get_device_name(0)} ({state})")
 ' 2>&1) || cuda_rc=$?
-if [[ $cuda_rc != 0 && $DRY == 0 ]]; then
+if [[ $cuda_rc != 0 && $DRY == 0 && $ONLY_PLAN == 0 ]]; then
     echo "gpu_check: no CUDA here: $(tail -n 1 <<<"$cuda_msg") [$PY]" >&2
     echo "gpu_check: this check needs a CUDA GPU; run it on the GPU machine, or add --dry-run" \
         "to check here everything a CPU can." >&2
     exit 3
 fi
 
-mkdir -p "$OUT"
-OUT=$(cd "$OUT" && pwd)
-rm -f "$OUT"/report.md "$OUT"/check.log "$OUT"/pytest.log "$OUT"/env.json "$OUT"/decode.json \
-    "$OUT"/runs.tar.gz
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/gpu_check.XXXXXX")
+if [[ $ONLY_PLAN == 0 ]]; then
+    mkdir -p "$OUT"
+    OUT=$(cd "$OUT" && pwd)
+    rm -f "$OUT"/report.md "$OUT"/check.log "$OUT"/pytest.log "$OUT"/env.json \
+        "$OUT"/decode.json "$OUT"/runs.tar.gz
+fi
 PLAN=$WORK/plan.tsv
 PHASES=$WORK/phases.tsv
-export PY WORK REPO DRY
+PROJECTED=$WORK/projected.tsv # the plan walked without running: phases and sweeps in order
+export PY WORK REPO DRY PROJECTED
 
 now() { date +%s.%N; }
 T0=$(now)
@@ -104,7 +119,9 @@ since() { awk -v a="$(now)" -v b="$1" 'BEGIN { printf "%.1f", a - b }'; }
 # takes about 2 minutes on 2 shared cores.
 BUDGET_S=${GPU_CHECK_BUDGET_S:-440}
 [[ $DRY == 1 ]] && BUDGET_S=${GPU_CHECK_BUDGET_S:-400}
+GPU_BUDGET_S=${GPU_CHECK_BUDGET_S:-440} # what the projection holds the GPU plan to
 RESERVE_S=25
+export GPU_BUDGET_S RESERVE_S
 FINAL=0
 FAILED=0
 
@@ -114,6 +131,10 @@ FAILED=0
 phase() {
     local name=$1 budget=$2 start rc=0 left took
     shift 2
+    if [[ $PLAN_ONLY == 1 ]]; then
+        printf 'phase\t%s\n' "$name" >>"$PROJECTED"
+        return 0
+    fi
     left=$(awk -v b="$BUDGET_S" -v t="$(since "$T0")" -v r="$RESERVE_S" \
         'BEGIN { printf "%d", b - t - r }')
     ((FINAL == 0 && left < budget)) && budget=$left
@@ -199,9 +220,134 @@ export -f install_kit check_kit
 sweep() {
     local name=$1 title=$2 script=$3 jobs=$4 budget=$5
     shift 5
+    if [[ $PLAN_ONLY == 1 ]]; then
+        { printf 'sweep\t%s\t%s' "$name" "$jobs" && printf '\t%s' "$@" && echo; } >>"$PROJECTED"
+        return 0
+    fi
     printf '%s\t%s\t%s\n' "$name" "$title" "$jobs" >>"$PLAN"
     phase "$name" "$budget" "$PY" "$script" --multirun "${COMMON[@]}" "$@" \
         "hydra.sweep.dir=$WORK/runs/$name" || true
+}
+
+# Dry-run settings only when running the dry run for real: the plan walked first is the GPU's.
+dry_settings() { [[ $DRY == 1 && $PLAN_ONLY == 0 ]]; }
+
+# The projection of the GPU plan (walked with PLAN_ONLY=1 into $PROJECTED) and what travels.
+project() {
+    local rc=0
+    "$PY" -m loaderbench.bench.gpu_plan "$PROJECTED" --budget "$GPU_BUDGET_S" \
+        --reserve "$RESERVE_S" || rc=$?
+    "$REPO/scripts/gpu_kit.sh" --travel || rc=1
+    return $rc
+}
+export -f project
+
+# Every phase and multirun of the check, the most valuable first: walked once with
+# PLAN_ONLY=1 (nothing runs: the projection's plan), then for real.
+checks() {
+    PYTHONPATH=$REPO/src phase env-quick 30 "$PY" -m loaderbench.bench.gpu env "$OUT/env.json" \
+        --quick || true
+    if [[ $STACK == home ]]; then
+        phase kit 60 bash -c check_kit || true
+        export PYTHONPATH=$REPO/src
+    else
+        phase kit 90 bash -c install_kit || true
+        export PYTHONPATH=$WORK/site:$REPO/src
+    fi
+    if [[ $DRY == 1 && $PLAN_ONLY == 0 ]]; then
+        absent_modules
+        export PYTHONPATH=$WORK/absent:$PYTHONPATH
+    fi
+    export PYTHONUNBUFFERED=1 WANDB_MODE=disabled
+    phase env 60 "$PY" -m loaderbench.bench.gpu env "$OUT/env.json" || true
+
+    if dry_settings; then
+        classes=10 train=20 val=10
+    else
+        classes=100 train=40 val=10
+    fi
+    PHASE_LOG=$WORK/data.log phase data 90 "$PY" -m loaderbench.bench.gpu data "$WORK/data" \
+        --classes $classes --train $train --val $val || true
+    root=$(tail -n 1 "$WORK/data.log" 2>/dev/null || true)
+    phase projection 30 bash -c project || true
+
+    # GPU-side loaders (their decode and crops run on the GPU, the reading threads feed it):
+    # one count. CPU decoders: 4 and 12 with the model (and auto), 12 elsewhere.
+    local gpu_side=8 cpu_side=12 cpu_ladder=4,12
+    model=(model=resnet50 model.channels_last=true)
+    if dry_settings; then
+        # One count a sweep: the rehearsal checks that every job runs, not how counts compare.
+        gpu_side=1 cpu_side=1 cpu_ladder=1 size=64 batch=32 batches=4
+        model=(model=test_resnet model.channels_last=true)
+        COMMON=(device=cpu bench.warmup_batches=1)
+    else
+        size=224 batch=256 batches=15
+        COMMON=(device=cuda bench.warmup_batches=3)
+    fi
+    workers="$gpu_side (GPU-side), $cpu_ladder and $cpu_side (CPU decoders)"
+    COMMON+=("dataset.root=$root" "dataset.index_dir=$WORK/cache" "image_size=$size"
+        precision=bf16 logger=none "loader.batch_size=$batch" "bench.max_batches=$batches")
+    nvjpeg=1
+    dry_settings && [[ ${GPU_CHECK_DRY_NVJPEG:-0} != 1 ]] && nvjpeg=0
+    local with_model=("${model[@]}" epochs=1) none=(model=none bench.epochs=2)
+    local label="train.py ${model[0]}" cache=("loader.cache_dir=$WORK/cache")
+    local evals=(model=none bench.epochs=4) # 4 passes over the small val set
+
+    # The most valuable first: spdl nvjpeg and memmap on CUDA, with the model.
+    loader_sweep nvjpeg train-model "$label" train.py "$gpu_side" 100 "${with_model[@]}"
+    sweep train-model-memmap "$label, memmap, store raw and jpeg" train.py 2 100 loader=memmap \
+        loader.store=raw,jpeg "${cache[@]}" "${with_model[@]}" "loader.num_workers=$gpu_side"
+
+    PHASE_LOG=$OUT/pytest.log phase tests 90 "$PY" -m pytest -m cuda -p no:cacheprovider \
+        --basetemp "$WORK/pytest" || true
+    # Batched decode, each case for a second; the dry run's on CPU threads.
+    local decode_args=(--device cuda --batch 256 --images 1024 --seconds 1)
+    dry_settings && decode_args=(--device cpu --batch 32 --images 96 --seconds 0.5)
+    phase decode 45 "$PY" -m loaderbench.bench.gpu decode "$root" --out "$OUT/decode.json" \
+        "${decode_args[@]}" || true
+
+    loader_sweep turbo train-model "$label" train.py "$cpu_ladder" 100 "${with_model[@]}"
+    loader_sweep torchvision train-model "$label" train.py "$cpu_side" 100 "${with_model[@]}"
+    label="train.py model=none"
+    loader_sweep nvjpeg train-none "$label" train.py "$gpu_side" 60 "${none[@]}"
+    sweep train-none-memmap "$label, memmap, store raw and jpeg" train.py 2 60 loader=memmap \
+        loader.store=raw,jpeg "${cache[@]}" "${none[@]}" "loader.num_workers=$gpu_side"
+    label="eval.py model=none"
+    sweep eval-none-memmap "$label, memmap, val store raw" eval.py 1 50 loader=memmap \
+        loader.val_store=raw "${cache[@]}" "${evals[@]}" "loader.num_workers=$gpu_side"
+    loader_sweep nvjpeg eval-none "$label" eval.py "$gpu_side" 50 "${evals[@]}"
+
+    # num_workers=auto with the model: the probe's ladder up to this machine's CPUs (1, 2, ...,
+    # 12, 16 on the GPU machine), its choice beside the pinned counts of train-model-spdl-turbo.
+    local probe=(loader.autotune.max_probe_s=15)
+    dry_settings && probe+=(loader.autotune.window_s=0.5) # its ladder's rungs, not their figures
+    sweep train-model-auto-spdl-turbo "train.py ${model[0]}, spdl, turbo, num_workers=auto" \
+        train.py 1 100 loader=spdl loader.decoder=turbo loader.num_workers=auto "${probe[@]}" \
+        "${model[@]}" epochs=1
+    loader_sweep turbo eval-none "$label" eval.py "$cpu_side" 50 "${evals[@]}"
+}
+
+# loader_sweep nvjpeg|turbo|torchvision TASK LABEL SCRIPT WORKERS CAP OVERRIDES...: one
+# multirun of one loader setting over the worker counts WORKERS (comma separated).
+loader_sweep() {
+    local which=$1 task=$2 label=$3 script=$4 counts=$5 cap=$6 jobs
+    shift 6
+    jobs=$(tr , '\n' <<<"$counts" | wc -l)
+    case $which in
+        nvjpeg)
+            [[ $nvjpeg == 1 ]] || return 0
+            sweep "$task-spdl-nvjpeg" "$label, spdl, nvjpeg (GPU) decoder" "$script" "$jobs" \
+                "$cap" loader=spdl loader.decoder=nvjpeg "$@" "loader.num_workers=$counts"
+            ;;
+        turbo)
+            sweep "$task-spdl-turbo" "$label, spdl, turbo (CPU) decoder" "$script" "$jobs" \
+                "$cap" loader=spdl loader.decoder=turbo "$@" "loader.num_workers=$counts"
+            ;;
+        torchvision)
+            sweep "$task-torchvision" "$label, torchvision (DataLoader processes, PIL)" \
+                "$script" "$jobs" "$cap" loader=torchvision "$@" "loader.num_workers=$counts"
+            ;;
+    esac
 }
 
 main() {
@@ -215,96 +361,9 @@ main() {
     else
         echo "gpu_check: no nvidia-smi"
     fi
-
-    if [[ $STACK == home ]]; then
-        phase kit 60 bash -c check_kit || true
-        export PYTHONPATH=$REPO/src
-    else
-        phase kit 90 bash -c install_kit || true
-        export PYTHONPATH=$WORK/site:$REPO/src
-    fi
-    if [[ $DRY == 1 ]]; then
-        absent_modules
-        export PYTHONPATH=$WORK/absent:$PYTHONPATH
-    fi
-    export PYTHONUNBUFFERED=1 WANDB_MODE=disabled
-    phase env 60 "$PY" -m loaderbench.bench.gpu env "$OUT/env.json" || true
-
-    local classes train val
-    if [[ $DRY == 1 ]]; then
-        classes=10 train=20 val=10
-    else
-        classes=100 train=40 val=10
-    fi
-    PHASE_LOG=$WORK/data.log phase data 90 "$PY" -m loaderbench.bench.gpu data "$WORK/data" \
-        --classes $classes --train $train --val $val || true
-    local root
-    root=$(tail -n 1 "$WORK/data.log" 2>/dev/null || true)
-
-    # Batched decode, each case for a few seconds; the dry run's on CPU threads.
-    local decode_args=(--device cuda --batch 256 --images 2048 --seconds 2)
-    [[ $DRY == 1 ]] && decode_args=(--device cpu --batch 32 --images 96 --seconds 0.5)
-    phase decode 60 "$PY" -m loaderbench.bench.gpu decode "$root" --out "$OUT/decode.json" \
-        "${decode_args[@]}" || true
-
-    PHASE_LOG=$OUT/pytest.log phase tests 150 "$PY" -m pytest -m cuda -p no:cacheprovider \
-        --basetemp "$WORK/pytest" || true
-
-    local workers size batch batches model=(model=resnet50 model.channels_last=true)
-    if [[ $DRY == 1 ]]; then
-        # One count a sweep: the rehearsal checks that every job runs, not how counts compare.
-        workers=1 size=64 batch=32 batches=4 model=(model=test_resnet model.channels_last=true)
-        COMMON=(device=cpu bench.warmup_batches=1)
-    else
-        workers=4,12 size=224 batch=256 batches=15
-        COMMON=(device=cuda bench.warmup_batches=3)
-    fi
-    COMMON+=("dataset.root=$root" "dataset.index_dir=$WORK/cache" "image_size=$size"
-        precision=bf16 logger=none "loader.batch_size=$batch" "bench.max_batches=$batches")
-    local nvjpeg=1
-    [[ $DRY == 1 && ${GPU_CHECK_DRY_NVJPEG:-0} != 1 ]] && nvjpeg=0
-
-    # One multirun a loader setting (a key like loader.store exists for one loader only).
-    # task: train.py with the model, train.py model=none (2 passes), eval.py model=none (4 passes
-    # over the small val set).
-    local task script label extra cap store counts
-    counts=$(tr , '\n' <<<"$workers" | wc -l) # jobs a sweep: a job a count (and store)
-    for task in train-model train-none eval-none; do
-        store=loader.store # eval.py reads the val split, whose store is loader.val_store
-        case $task in
-            train-model)
-                script=train.py label="train.py ${model[0]}" cap=100
-                extra=("${model[@]}" epochs=1)
-                ;;
-            train-none)
-                script=train.py label="train.py model=none" cap=60
-                extra=(model=none bench.epochs=2)
-                ;;
-            eval-none)
-                script=eval.py label="eval.py model=none" cap=50 store=loader.val_store
-                extra=(model=none bench.epochs=4)
-                ;;
-        esac
-        extra+=("loader.num_workers=$workers")
-        sweep "$task-memmap" "$label, memmap, store raw and jpeg" "$script" $((2 * counts)) "$cap" \
-            loader=memmap "$store=raw,jpeg" "loader.cache_dir=$WORK/cache" "${extra[@]}"
-        sweep "$task-spdl-turbo" "$label, spdl, turbo (CPU) decoder" "$script" "$counts" "$cap" \
-            loader=spdl loader.decoder=turbo "${extra[@]}"
-        if [[ $nvjpeg == 1 ]]; then
-            sweep "$task-spdl-nvjpeg" "$label, spdl, nvjpeg (GPU) decoder" "$script" "$counts" \
-                "$cap" loader=spdl loader.decoder=nvjpeg "${extra[@]}"
-        fi
-        sweep "$task-torchvision" "$label, torchvision (DataLoader processes, PIL)" "$script" \
-            "$counts" "$cap" loader=torchvision "${extra[@]}"
-    done
-
-    # num_workers=auto with the model: the probe's ladder up to this machine's CPUs (1, 2, ...,
-    # 12, 16 on the GPU machine), its choice beside the pinned counts of train-model-spdl-turbo.
-    local probe=(loader.autotune.max_probe_s=40)
-    [[ $DRY == 1 ]] && probe+=(loader.autotune.window_s=0.5) # its ladder's rungs, not their figures
-    sweep train-model-auto-spdl-turbo "train.py ${model[0]}, spdl, turbo, num_workers=auto" \
-        train.py 1 100 loader=spdl loader.decoder=turbo loader.num_workers=auto "${probe[@]}" \
-        "${model[@]}" epochs=1
+    # The GPU plan, walked first without running anything: the projection phase prints it.
+    PLAN_ONLY=1 checks
+    checks
 
     FINAL=1
     local mode notes=()
@@ -356,4 +415,11 @@ cleanup() {
     rm -rf "$WORK"
 }
 trap cleanup EXIT
+if [[ $ONLY_PLAN == 1 ]]; then
+    PLAN_ONLY=1 checks
+    export PYTHONPATH=$REPO/src
+    plan_rc=0
+    project || plan_rc=$?
+    exit $plan_rc
+fi
 main 2>&1 | tee "$OUT/check.log"

@@ -75,9 +75,11 @@ def test_ranks_see_disjoint_shares_of_every_epoch(
     assert len(train[0]) == len(train[1]) == 12  # 24 images, 12 a rank, whole batches of 4
 
 
-def start_torchrun(*args: str, cwd: Path, nproc: int = 2) -> subprocess.Popen:
-    """train.py under torchrun, ``nproc`` processes on this machine; output on ``stdout``, as
-    it comes."""
+def start_torchrun(
+    *args: str, cwd: Path, nproc: int = 2, script: Path = REPO / "train.py"
+) -> subprocess.Popen:
+    """train.py (or ``script``) under torchrun, ``nproc`` processes on this machine; output on
+    ``stdout``, as it comes."""
     env = {
         **os.environ,
         "WANDB_MODE": "offline",
@@ -91,7 +93,7 @@ def start_torchrun(*args: str, cwd: Path, nproc: int = 2) -> subprocess.Popen:
             "torch.distributed.run",
             "--standalone",
             f"--nproc_per_node={nproc}",
-            str(REPO / "train.py"),
+            str(script),
             *args,
         ],
         cwd=cwd,

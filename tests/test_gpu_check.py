@@ -69,6 +69,11 @@ def test_the_dry_run_runs_every_cpu_phase_and_writes_the_report(tmp_path: Path) 
     } <= set(others)
     assert set(others.values()) == {"0"}, (table, log)
     assert "| failed |" not in report and "DRY RUN" in report
+    # The GPU plan's projection, printed before the first run; env.json written first.
+    check_log = (out / "check.log").read_text()
+    assert "projected time on the GPU machine" in check_log and "fits with" in check_log
+    assert table["projection"] == "0" and next(iter(table)) == "env-quick"
+    assert check_log.index("[env-quick]") < check_log.index("[kit]")
     # The decode phase ran its CPU equivalent: a row a case, in the report and in decode.json.
     assert "## Batched JPEG decode" in report and "| nvimgcodec | region |" in report
     assert json.loads((out / "decode.json").read_text())["device"] == "cpu"
@@ -79,6 +84,71 @@ def test_the_dry_run_runs_every_cpu_phase_and_writes_the_report(tmp_path: Path) 
     else:  # a fresh checkout: the kit phase says what is missing, and the check fails
         assert table["kit"] != "0" and proc.returncode != 0
         assert "make gpu-kit" in (out / "check.log").read_text()
+
+
+def plan(**env: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [str(SCRIPT), "--plan"],
+        env={**os.environ, "PYTHON": sys.executable, **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def projected_rows(stdout: str) -> list[list[str]]:
+    """The projection's rows: number, phase, jobs, estimate, running total, basis."""
+    return [
+        line.split(None, 5)
+        for line in stdout.splitlines()
+        if re.match(r"^\s*\d+\s+\S+\s+(\d+|-)\s+\d+\s+\d+\s", line)
+    ]
+
+
+def test_the_plan_projects_the_gpu_runs_most_valuable_first_within_the_budget() -> None:
+    """``--plan`` (and the dry run, in its projection phase) prints the GPU plan's projected
+    time, a row a phase and multirun in the order they run: env.json at once, then the runs
+    that matter most (spdl nvjpeg and memmap on CUDA, with the model) before the tests and
+    the rest; summed against the 440 s budget with room; and the size that travels."""
+    proc = plan()
+    assert proc.returncode == 0, proc.stderr
+    rows = projected_rows(proc.stdout)
+    names = [row[1] for row in rows]
+    assert names[0] == "env-quick" and names.index("env-quick") < names.index("kit")
+    runs = [row for row in rows if row[2] != "-"]
+    assert [row[1] for row in runs[:2]] == ["train-model-spdl-nvjpeg", "train-model-memmap"]
+    assert names.index("train-model-memmap") < names.index("tests") < names.index("decode")
+    assert names[-1] == "eval-none-spdl-turbo" and "train-model-auto-spdl-turbo" in names
+    # One worker count where a second adds nothing: only spdl turbo with the model has two.
+    assert {row[1]: int(row[2]) for row in runs}["train-model-spdl-turbo"] == 2
+    assert all(int(row[2]) == 1 for row in runs if "nvjpeg" in row[1])
+    total = int(rows[-1][4])
+    assert abs(total - sum(int(row[3]) for row in rows)) <= len(rows)  # rounding apart
+    assert total <= 0.9 * (440 - 25)
+    assert "budget 440 s" in proc.stdout and "fits with" in proc.stdout
+    assert re.search(r"travels: kit [\d.]+ MiB .* = [\d.]+ MiB \(limit 60 MiB\)", proc.stdout)
+
+    over = plan(GPU_CHECK_BUDGET_S=str(total))  # the reserve no longer fits
+    assert over.returncode == 1 and "exceeds" in over.stderr
+    assert projected_rows(over.stdout) == rows
+
+
+def test_the_projection_counts_each_cache_build_once_and_refuses_unknown_phases(
+    tmp_path: Path,
+) -> None:
+    from loaderbench.bench import gpu_plan
+
+    path = tmp_path / "plan.tsv"
+    line = "sweep\t{}\t2\tloader=memmap\tloader.store=raw,jpeg\tloader.num_workers=8\n"
+    path.write_text(line.format("train-model-memmap") + line.format("train-none-memmap"))
+    first, second = gpu_plan.read_plan(path)
+    assert first.seconds - second.seconds == pytest.approx(
+        2 * (gpu_plan.JOB_S["train-model"] - gpu_plan.JOB_S["train-none"])
+        + 2 * gpu_plan.CACHE_BUILD_S
+    )
+    path.write_text("phase\tsurprise\n")
+    with pytest.raises(ValueError, match="surprise"):
+        gpu_plan.read_plan(path)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -4,13 +4,17 @@ the same as the ImageFolder labels of the same files, for every loader."""
 from __future__ import annotations
 
 import importlib.util
+import os
 import random
 import shutil
+import time
 from pathlib import Path
 
 import pytest
 import torch
 from omegaconf import OmegaConf
+from PIL import Image
+from torch import Tensor
 
 from loaderbench.config import DatasetConfig
 from loaderbench.data import DatasetError, DatasetIndex, discover, parse_wnid
@@ -153,3 +157,84 @@ def test_eval_py_runs_on_imagenet_file_lists(
     assert metrics["status"] == "ok" and metrics["loader"] == loader_name
     assert metrics["images"] == 12 and metrics["num_classes"] == 3
     assert metrics["skipped_files"] == 0
+
+
+def discover_indexed(
+    root: Path, index_dir: Path, lists: tuple[Path, Path] | None, rescan: bool = False
+) -> DatasetIndex:
+    """Discovery as a run does it by default: through the saved dataset index."""
+    cfg = OmegaConf.structured(DatasetConfig(index_dir=str(index_dir), rescan=rescan))
+    cfg.name, cfg.root = "folder" if lists is None else "imagenet_flist", str(root)
+    if lists is not None:
+        cfg.train_list, cfg.val_list = str(lists[0]), str(lists[1])
+    return discover(cfg)
+
+
+def val_images(index: DatasetIndex, loader_name: str, cache_dir: Path) -> tuple[Path, Tensor]:
+    """Every val image as ``loader_name`` serves it, and (memmap) the cache it read."""
+    extra = {"cache_dir": str(cache_dir)} if loader_name == "memmap" else {}
+    spec = cpu_spec(index.val, False, loader=loader_name, num_workers=0, **extra)
+    with build_loader(spec) as loader:
+        images = torch.cat([batch.images for batch in loader])
+        return getattr(getattr(loader, "cache", None), "path", None), images
+
+
+def replace_image(path: Path, colour: tuple[int, int, int], in_place: bool) -> None:
+    """A different photo at ``path``: written beside it and renamed over it (rsync, mv), or
+    rewritten in place (its folder unchanged)."""
+    written = path if in_place else path.with_name(f".{path.name}.partial")
+    Image.new("RGB", (47, 41), colour).save(written, "JPEG", quality=95)
+    if not in_place:
+        os.replace(written, path)
+
+
+@pytest.mark.parametrize("layout", ["imagenet_flist", "folder"])
+def test_an_image_replaced_on_disk_is_served_new_by_memmap_like_the_other_loaders(
+    tiny_root: Path, tmp_path: Path, layout: str
+) -> None:
+    """The memmap cache is keyed by the split's fingerprint (the files' sizes and mtimes, from
+    the saved dataset index). A file list once watched only the lists, so an image replaced
+    under it kept the index, the fingerprint and the cache: memmap served the old photo while
+    torchvision read the new one. Now its images' folders are watched, as a folder scan's."""
+    root = tmp_path / "data"
+    shutil.copytree(tiny_root, root)
+    lists = write_file_lists(root, tmp_path) if layout == "imagenet_flist" else None
+    index_dir = cache_dir = tmp_path / "cache"
+    index = discover_indexed(root, index_dir, lists)
+    first_cache, before = val_images(index, "memmap", cache_dir)
+    target = Path(index.val.paths[5])
+    replace_image(target, (250, 20, 20), in_place=False)
+
+    index = discover_indexed(root, index_dir, lists)
+    new_cache, served = val_images(index, "memmap", cache_dir)
+    _, read = val_images(index, "torchvision", cache_dir)
+    assert new_cache != first_cache
+    assert torch.equal(served, read) and not torch.equal(served[5], before[5])
+    assert torch.equal(served[:5], before[:5]) and torch.equal(served[6:], before[6:])
+
+    # Rewritten in place, a file changes no folder: ``dataset.rescan=true`` (documented) sees it.
+    replace_image(target, (20, 20, 250), in_place=True)
+    (saved,) = index_dir.glob("dataset-*.npz")
+    an_hour_ago = time.time() - 3600  # a later job's rescan (one per job: see dataset_index)
+    os.utime(saved, (an_hour_ago, an_hour_ago))
+    index = discover_indexed(root, index_dir, lists, rescan=True)
+    _, served = val_images(index, "memmap", cache_dir)
+    _, read = val_images(index, "torchvision", cache_dir)
+    assert torch.equal(served, read) and served[5, 2].float().mean() > 200  # blue now
+
+
+def test_a_listed_image_whose_folder_appears_later_rescans(tiny_root: Path, tmp_path: Path) -> None:
+    """A list may name images not there yet (a copy under way): their folder, missing at the
+    scan, is watched as missing, and its arrival rescans, so the file's stats become real."""
+    root = tmp_path / "data"
+    shutil.copytree(tiny_root, root)
+    train_list, val_list = write_file_lists(root, tmp_path)
+    late = root / "val" / "n00000002" / "late" / "n00000002_late.JPEG"
+    val_list.write_text(val_list.read_text() + f"{late.relative_to(root)}\n")
+    lists, index_dir = (train_list, val_list), tmp_path / "index"
+    stats = discover_indexed(root, index_dir, lists).val.stats
+    assert stats is not None and stats[0][-1] == -1  # not there: the loaders skip it, naming it
+    assert discover_indexed(root, index_dir, lists).val.stats[0][-1] == -1  # still current
+    late.parent.mkdir()
+    shutil.copy2(next((root / "val" / "n00000002").glob("*.JPEG")), late)
+    assert discover_indexed(root, index_dir, lists).val.stats[0][-1] == late.stat().st_size

@@ -24,29 +24,31 @@ buffers (BatchNorm statistics) and mode and drops its gradients; and it runs ins
 restored random states (torch's, the CUDA device's, Python's, numpy's). A run with ``auto``
 trains the same weights as one given the chosen count.
 
-Under DDP every rank probes at the same time (they share the node's CPUs); each count's figures
-are combined over the ranks (images/s summed, the job's rate; data wait the largest, since a
-rank that waits holds every rank at the next all-reduce), so every rank climbs and stops alike,
-and rank 0's choice is broadcast.
+Each count's window opens only once its loader's head start is consumed (``autotune_rung``):
+batches made ahead while the loop was busy elsewhere are not the workers' rate.
 
-The choice is remembered in a small JSON file in the cache folder, keyed by what it depends on
-(``decision_key``); the next run with the same key starts at once, and
-``loader.autotune.refresh=true`` probes again.
+Under DDP every rank probes at the same time (they share the node's CPUs) and climbs one
+ladder: the CPUs of the rank given the fewest (``job_cpus``), so ranks given different numbers
+run the same collectives. Each count's figures are combined over the ranks (images/s summed,
+the job's rate; data wait the largest, since a rank that waits holds every rank at the next
+all-reduce), so every rank climbs and stops alike, and rank 0's choice is broadcast.
+
+The choice is remembered in a small JSON file in the cache folder, keyed by everything it
+depends on (``autotune_decisions``); the next run with the same key starts at once,
+``loader.autotune.refresh=true`` probes again, and a file that cannot be trusted is named in
+a warning and probed over. The probe's peak memory is ``autotune_peak_rss_mb``, kept out of
+``peak_rss_mb``; with ``bench.drop_page_cache=true`` the files are evicted after the probe.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import hashlib
-import json
 import logging
 import os
-import platform
 import random
-import socket
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -57,24 +59,30 @@ from omegaconf import OmegaConf
 from torch import nn
 
 from loaderbench import distributed
-from loaderbench.data import resolve_path
-from loaderbench.loaders import Batch, Loader, LoaderSpec, build_loader, prepare_loader
+from loaderbench.autotune_decisions import (
+    FILE_PREFIX,
+    Decision,
+    decision_folder,
+    decision_key,
+    key_hash,
+    load_decision,
+    save_decision,
+)
+from loaderbench.autotune_rung import (
+    ProbeRow,
+    Window,
+    measure_rung,
+    over_ranks,
+    pooled,
+    with_workers,
+)
+from loaderbench.loaders import Batch, LoaderSpec, prepare_loader
 from loaderbench.loaders.settings import AutotuneSettings
-from loaderbench.locking import atomic_write_text
-from loaderbench.meters import LoopMeter, ProcessTreeMonitor
-from loaderbench.runtime import Precision, allotted_cpus, set_intra_op_threads, synchronizer
-from loaderbench.session import Session
+from loaderbench.meters import ProcessTreeMonitor
+from loaderbench.runtime import Precision, allotted_cpus, set_intra_op_threads
+from loaderbench.session import Session, evict_page_cache
 
 log = logging.getLogger(__name__)
-
-# The first epoch the probe reads: far from any run's, so the run's own epochs (their order and
-# crops come from (seed, epoch)) are never the probe's.
-PROBE_EPOCH = 10**6
-# Each count's window holds whole rounds of its workers, at least this many.
-MIN_ROUNDS = 2
-KEY_VERSION = 1
-FILE_PREFIX = "autotune-"
-
 
 # ---------------------------------------------------------------------------------------------
 # The ladder, a rung's figures and the choice.
@@ -98,53 +106,16 @@ def cpus_allowed(env: os._Environ | dict[str, str] = os.environ) -> int:
     return max(1, allotment[0] if allotment else len(os.sched_getaffinity(0)))
 
 
-@dataclass(frozen=True)
-class ProbeRow:
-    """One worker count's figures, over its measured window (every rank's, under DDP)."""
-
-    workers: int
-    images_per_s: float
-    data_wait_frac: float
-    cpu_s_per_1k_images: float | None
-    images: int  # measured
-    batches: int  # measured
-    seconds: float  # the whole rung: loader built, filled, measured, closed
-    windows: int = 1  # 2: measured again and pooled (``pooled``)
-
-    def as_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    @property
-    def measured_s(self) -> float:
-        return self.images / self.images_per_s if self.images_per_s > 0 else 0.0
-
-
-def pooled(first: ProbeRow, second: ProbeRow) -> ProbeRow:
-    """One count's two windows as one: images over the seconds both took, data wait weighted
-    by those seconds, CPU by the images."""
-    images = first.images + second.images
-    seconds = first.measured_s + second.measured_s
-    wait = (
-        (first.data_wait_frac * first.measured_s + second.data_wait_frac * second.measured_s)
-        / seconds
-        if seconds
-        else max(first.data_wait_frac, second.data_wait_frac)
-    )
-    cpu = [
-        row.cpu_s_per_1k_images * row.images
-        for row in (first, second)
-        if row.cpu_s_per_1k_images is not None
-    ]
-    return ProbeRow(
-        workers=first.workers,
-        images_per_s=images / seconds if seconds else 0.0,
-        data_wait_frac=wait,
-        cpu_s_per_1k_images=sum(cpu) / images if cpu and images else None,
-        images=images,
-        batches=first.batches + second.batches,
-        seconds=first.seconds + second.seconds,
-        windows=first.windows + second.windows,
-    )
+def job_cpus(own: int) -> int:
+    """The CPUs every rank of the job may use: the fewest any rank was given (``own``: this
+    rank's ``cpus_allowed``). Ranks on nodes of different sizes, a SLURM job spread unevenly,
+    ranks pinned to NUMA nodes of their own: each would build its own ladder, and the rank with
+    the shorter one would leave the climb for the choice's broadcast while another is still
+    in the next count's all-reduce. Probing with the job's figure, every rank climbs the same
+    ladder and calls the same collectives, in the same order, by construction. One
+    collective, whatever the ranks were given; the identity in a single process."""
+    (fewest,) = distributed.all_reduce([float(own)], op="min")
+    return max(1, int(fewest))
 
 
 def near_best(rows: list[ProbeRow], fraction: float) -> list[int]:
@@ -263,127 +234,6 @@ def random_states_untouched(device: torch.device) -> Iterator[None]:
 
 
 # ---------------------------------------------------------------------------------------------
-# One rung.
-
-
-def with_workers(spec: LoaderSpec, workers: int) -> LoaderSpec:
-    return dataclasses.replace(
-        spec, settings=dataclasses.replace(spec.settings, num_workers=workers)
-    )
-
-
-def probe_batches(loader: Loader, done: Callable[[], bool]) -> Iterator[Batch]:
-    """The loader's batches over probe epochs ``PROBE_EPOCH``, +1, ... (a small split runs
-    out), until ``done()``, asked before each batch is pulled (so the window's last interval
-    holds no batch it did not use). Iterators are left to ``loader.close()``: shutting a
-    pool down here would land in the measured window."""
-    epoch = PROBE_EPOCH
-    while True:
-        loader.set_epoch(epoch)
-        batches, pulled = iter(loader), 0
-        while not done():
-            batch = next(batches, None)
-            if batch is None:
-                break
-            pulled += 1
-            yield batch
-        else:
-            return
-        if not pulled:  # an epoch of nothing (every file unreadable): no rate to measure
-            return
-        epoch += 1
-
-
-@dataclass(frozen=True)
-class Window:
-    """How long each count is measured, after its pipeline's fill."""
-
-    seconds: float
-    min_batches: int
-    deadline: float  # perf_counter time past which a window ends as soon as it may
-
-    def batches_for(self, workers: int) -> int:
-        return max(self.min_batches, MIN_ROUNDS * workers)
-
-
-def measure_rung(
-    spec: LoaderSpec,
-    step: Callable[[Batch], None] | None,
-    window: Window,
-    monitor: ProcessTreeMonitor,
-) -> ProbeRow:
-    """Build ``spec``'s loader, run the loop on it past its fill, measure a window, close it.
-
-    The first ``workers + 1`` batches are the pipeline filling (worker start-up, the model's
-    first steps): the first round of the workers arrives together, after their start-up, so
-    it is not the steady rate and is not measured. The window then holds at least
-    ``window.seconds`` and ``window.batches_for(workers)`` batches, and ends on a whole round of
-    the workers (its batches a multiple of the count): each worker makes whole batches, and
-    workers started together keep delivering them in bursts of ``workers`` batches, so a window
-    cut inside a burst could be off by up to a burst; one of whole rounds is not, whatever the
-    workers' phases.
-    """
-    started = time.perf_counter()
-    workers = spec.num_workers
-    fill = workers + 1
-    need = window.batches_for(workers)
-    sync = synchronizer(spec.device)
-    meter = LoopMeter(warmup_batches=fill, window_sync=sync)
-    cpu_start: float | None = None
-
-    def done() -> bool:
-        nonlocal cpu_start
-        measured = meter.batches - fill
-        if measured == 0 and cpu_start is None:
-            cpu_start = monitor.snapshot()  # the window opens (the meter drained the device)
-        if measured < need or measured % max(1, workers):
-            return False
-        elapsed = sum(meter.intervals[fill:])
-        return elapsed >= window.seconds or time.perf_counter() >= window.deadline
-
-    loader = build_loader(spec)
-    try:
-        for batch in meter.iterate(probe_batches(loader, done)):
-            if step is not None:
-                step(batch)
-        cpu_s = monitor.snapshot() - cpu_start if cpu_start is not None else 0.0
-    finally:
-        loader.close()
-    summary = meter.summary()
-    measured = max(meter.batches - fill, 0)
-    images = sum(meter.sizes[fill : meter.batches]) if measured else 0
-    return ProbeRow(
-        workers=workers,
-        images_per_s=float(summary["images_per_s"] or 0.0) if measured else 0.0,
-        data_wait_frac=float(summary["data_wait_frac"] or 0.0) if measured else 1.0,
-        cpu_s_per_1k_images=1000 * cpu_s / images if images else None,
-        images=images,
-        batches=measured,
-        seconds=time.perf_counter() - started,
-    )
-
-
-def over_ranks(row: ProbeRow) -> ProbeRow:
-    """A count's figures over every rank: images/s, images and CPU summed (the job's), data
-    wait and seconds the largest (the rank every other waits for)."""
-    cpu_s = (row.cpu_s_per_1k_images or 0.0) * row.images / 1000
-    rate, images, batches, cpu = distributed.all_reduce(
-        [row.images_per_s, row.images, row.batches, cpu_s]
-    )
-    wait, seconds = distributed.all_reduce([row.data_wait_frac, row.seconds], op="max")
-    return ProbeRow(
-        row.workers,
-        rate,
-        wait,
-        1000 * cpu / images if images else None,
-        int(images),
-        int(batches),
-        seconds,
-        row.windows,
-    )
-
-
-# ---------------------------------------------------------------------------------------------
 # What the probe runs, for each task.
 
 
@@ -434,101 +284,6 @@ def evaluation_workload(
 
 
 # ---------------------------------------------------------------------------------------------
-# Remembering a choice.
-
-
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def device_name(device: torch.device) -> str:
-    if device.type == "cuda":
-        return f"cuda:{torch.cuda.get_device_name(device)}"
-    return device.type
-
-
-def decision_key(session: Session, workload: Workload, cpus: int) -> dict[str, Any]:
-    """Everything the choice depends on: the machine, the loader and all its settings but the
-    count, the model, the split and its size, image and batch size, augmentation, device,
-    precision, world size and task."""
-    spec, cfg = workload.spec, session.cfg
-    settings = dataclasses.asdict(session.loader_settings)
-    settings.pop("num_workers")
-    settings.pop("autotune")
-    return {
-        "version": KEY_VERSION,
-        "machine": {"host": socket.gethostname(), "cpu": cpu_model(), "cpus_allowed": cpus},
-        "torch": torch.__version__,
-        "loader": settings,
-        "model": workload.model,
-        "task": session.task,
-        "split": spec.split.name,
-        "train": spec.train,
-        "dataset": {"root": str(session.dataset.root), "images": len(spec.split)},
-        "image_size": spec.image_size,
-        "augment": OmegaConf.to_container(cfg.augment, resolve=True) if spec.train else None,
-        "device": device_name(session.device),
-        "precision": session.precision.name,
-        "world_size": session.dist.world_size,
-        "runtime_threads": cfg.runtime.threads,
-    }
-
-
-def key_hash(key: dict[str, Any]) -> str:
-    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
-
-
-def decision_folder(session: Session) -> Path | None:
-    """Where choices are remembered: the loader's cache folder where it has one, else the
-    dataset index's (``dataset.index_dir``); None (nothing remembered) when that is null."""
-    folder = getattr(session.loader_settings, "cache_dir", None) or session.cfg.dataset.index_dir
-    return resolve_path(folder) if folder else None
-
-
-@dataclass(frozen=True)
-class Decision:
-    num_workers: int
-    probe: list[dict[str, Any]]
-    probe_s: float
-
-
-def load_decision(path: Path, key: dict[str, Any]) -> Decision | None:
-    """The choice remembered at ``path`` for exactly ``key``; None if none (or unreadable)."""
-    try:
-        saved = json.loads(path.read_text())
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError) as error:
-        log.warning("num_workers=auto: %s cannot be read (%s); probing again", path, error)
-        return None
-    count = saved.get("num_workers") if isinstance(saved, dict) else None
-    if saved.get("key") != key or not isinstance(count, int) or count < 0:
-        return None
-    return Decision(count, list(saved.get("probe", [])), float(saved.get("probe_s", 0.0)))
-
-
-def save_decision(path: Path, key: dict[str, Any], decision: Decision) -> None:
-    payload = {
-        "key": key,
-        "num_workers": decision.num_workers,
-        "probe": decision.probe,
-        "probe_s": decision.probe_s,
-        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-    }
-    try:
-        atomic_write_text(path, json.dumps(payload, indent=1, sort_keys=True) + "\n")
-    except OSError as error:  # a read-only cache folder: the choice is not remembered
-        log.warning("num_workers=auto: cannot remember the choice in %s (%s)", path, error)
-
-
-# ---------------------------------------------------------------------------------------------
 # The probe, and the entry point.
 
 
@@ -552,7 +307,8 @@ def probe(
 ) -> list[ProbeRow]:
     """Every rung tried (every rank at once), in order, with every rank's figures; torch's
     intra-op threads set for each count as the run would set them (``runtime.threads``:
-    ``threads``)."""
+    ``threads``). ``cpus``: the same on every rank (``job_cpus``), whose climbs and
+    collectives follow one ladder."""
     started = time.perf_counter()
     window = Window(options.window_s, options.min_batches, started + options.max_probe_s)
     rows: list[ProbeRow] = []
@@ -609,13 +365,16 @@ def log_rung(row: ProbeRow) -> None:
 def settle_num_workers(session: Session, workload: Workload) -> None:
     """``loader.num_workers=auto``: the count remembered for this key, or probed (and then
     remembered), becomes the run's (``session.loader_settings``), with torch's intra-op threads
-    set for it; the probe's figures are recorded. Nothing for a count given as a number."""
+    set for it; the probe's figures are recorded. Then, with ``bench.drop_page_cache=true``,
+    the files the probe read are evicted (``session.prepare_page_cache`` left that to here), so
+    the run starts as cold as a pinned count's. Nothing for a count given as a number."""
     settings = session.loader_settings
     if not settings.auto_workers:
         return
     started = time.perf_counter()
-    cpus = cpus_allowed()
-    key = decision_key(session, workload, cpus)
+    own = cpus_allowed()
+    cpus = job_cpus(own)  # a collective: every rank, before anything that differs by rank
+    key = decision_key(session, workload.spec, workload.model, cpus)
     folder = decision_folder(session)
     path = folder / f"{FILE_PREFIX}{key_hash(key)}.json" if folder else None
     remembered = None
@@ -624,22 +383,57 @@ def settle_num_workers(session: Session, workload: Workload) -> None:
     (count,) = distributed.broadcast_values([remembered.num_workers if remembered else -1])
     reused = count >= 0  # rank 0 found it: every rank adopts it, none probes
     # Not the probe's cost (the run would build memmap's cache anyway): kept out of autotune_s.
+    # Built with this rank's own CPUs: no collective in it, and the ladder is not involved.
     preparing = time.perf_counter()
-    session.prepared.update(prepare_splits(workload, worker_ladder(cpus)[-1]))
+    session.prepared.update(prepare_splits(workload, own))
     started += time.perf_counter() - preparing
     if reused:
         decision = remembered or Decision(int(count), [], 0.0)  # the table is rank 0's
     else:
-        threads = session.cfg.runtime.threads
-        rows = probe(workload, settings.autotune, cpus, session.monitor, threads)
-        (count,) = distributed.broadcast_values([choose(rows, settings.autotune.tolerance)])
-        probe_s = time.perf_counter() - started
-        decision = Decision(int(count), [row.as_dict() for row in rows], probe_s)
+        decision = probe_and_choose(session, workload, cpus, started)
         if session.dist.is_main and path is not None:
             save_decision(path, key, decision)
     adopt(session, decision, reused)
     session.record(autotune_s=time.perf_counter() - started, autotune_key=key_hash(key))
     log_decision(decision, reused, path)
+    if session.cfg.bench.drop_page_cache:
+        evict_page_cache(session.dataset, getattr(settings, "cache_dir", None))
+
+
+def probe_and_choose(session: Session, workload: Workload, cpus: int, started: float) -> Decision:
+    """The probe on every rank, rank 0's choice broadcast; the probe's peak memory recorded
+    apart from the run's (``autotune_peak_rss_mb``, summed over ranks as ``peak_rss_mb``)."""
+    options = session.loader_settings.autotune
+    with memory_apart(session.monitor) as probe_peak:
+        rows = probe(workload, options, cpus, session.monitor, session.cfg.runtime.threads)
+    (count,) = distributed.broadcast_values([choose(rows, options.tolerance)])
+    (peak,) = distributed.all_reduce(probe_peak)
+    session.record(autotune_peak_rss_mb=peak / 2**20)
+    probe_s = time.perf_counter() - started
+    return Decision(int(count), [row.as_dict() for row in rows], probe_s)
+
+
+@contextlib.contextmanager
+def memory_apart(monitor: ProcessTreeMonitor) -> Iterator[list[float]]:
+    """The process tree's peak memory inside (the probe's: every rung's workers and buffers)
+    kept out of ``monitor``'s peak, which stays the tree's peak outside (metrics.json's
+    ``peak_rss_mb``: set-up, cache builds and the run); yields a list that holds the inside's
+    peak, in bytes, once it ends. Both are the monitor's samples (memory every second or so),
+    so a peak shorter than a sample's interval can be missed, inside as outside; the last
+    rung's workers have exited before the window closes (``Loader.close`` joins them)."""
+    monitor.sample()  # waits out a sample in flight: every sample so far counts outside
+    # Under the monitor's own lock: its thread's next sample lands wholly on one side.
+    with monitor._lock:
+        outside, monitor.peak_rss_bytes = monitor.peak_rss_bytes, 0
+    inside: list[float] = []
+    try:
+        yield inside
+    finally:
+        monitor.sample()
+        with monitor._lock:
+            inside.append(float(monitor.peak_rss_bytes))
+            monitor.peak_rss_bytes = outside
+        monitor.sample()  # the tree as the run starts
 
 
 def adopt(session: Session, decision: Decision, reused: bool) -> None:

@@ -11,7 +11,9 @@ import torch
 
 from loaderbench.locking import atomic_write
 
-FORMAT_VERSION = 2  # 2: every rank's random state, the GradScaler's, the run's shape
+# 2: every rank's random state, the GradScaler's, the run's shape. 3: each rank's position in
+# the epoch's order (``ranks[i]["position"]``) beside the steps taken (``batches``).
+FORMAT_VERSION = 3
 CHECKPOINT_FILE = "checkpoint.pt"  # train.py's, in its run directory
 
 

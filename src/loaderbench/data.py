@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 from omegaconf import DictConfig
 
-from loaderbench.dataset_index import indexed
+from loaderbench.dataset_index import MISSING_MTIME, indexed
 from loaderbench.splits import SPLITS, DatasetIndex, PathTable, Scanned, Split, stat_files
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
@@ -163,7 +163,22 @@ def scan_file_lists(root: Path, lists: dict[str, Path]) -> Scanned:
         for name, (paths, wnids) in read.items()
     }
     watched = {str(path): path.stat().st_mtime_ns for path in lists.values()}
+    for paths, _ in read.values():
+        watch_folders(paths, watched)
     return DatasetIndex(root, tuple(classes), splits["train"], splits["val"]), watched
+
+
+def watch_folders(paths: Sequence[str], watched: dict[str, int]) -> None:
+    """Put the folders holding ``paths`` into ``watched``, with their mtimes, as an ImageFolder
+    scan does its own: an image replaced (written beside it, then renamed over it, as rsync and
+    mv do), removed or added changes its folder's mtime, so the saved index is rescanned and the
+    split's fingerprint (the files' sizes and mtimes: the memmap cache's key) follows, without
+    stat-ing every file on every run. ``MISSING_MTIME`` for a folder that is not there (yet)."""
+    for folder in sorted({os.path.dirname(path) for path in paths}):
+        try:
+            watched[folder] = os.stat(folder).st_mtime_ns
+        except OSError:
+            watched[folder] = MISSING_MTIME
 
 
 def discover(cfg: DictConfig) -> DatasetIndex:

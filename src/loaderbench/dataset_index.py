@@ -6,9 +6,11 @@ first process to get here scans, under a lock, and writes ``dataset-<key>.npz`` 
 ``dataset.index_dir`` (next to the memmap caches): classes, paths relative to the root (one
 byte buffer), labels, sizes and modification times; the other ranks wait for it and load it,
 and so do later runs. An index is used only while it is current: the folders walked (or the
-file lists read) still have the mtimes recorded, so adding, removing or renaming a file
-rescans by itself. A file rewritten in place changes no folder: ``dataset.rescan=true`` scans
-anew (once per job: an index written since this process started is taken as that rescan).
+file lists read, and the folders holding their images) still have the mtimes recorded, so
+adding, removing, renaming or replacing a file (rsync, mv: a new file renamed over the old)
+rescans by itself, for both layouts alike. A file rewritten in place changes no folder:
+``dataset.rescan=true`` scans anew (once per job: an index written since this process started
+is taken as that rescan).
 """
 
 from __future__ import annotations
@@ -30,7 +32,9 @@ from loaderbench.splits import DatasetIndex, PathTable, Scanned, Split
 
 log = logging.getLogger(__name__)
 
-INDEX_VERSION = 1
+INDEX_VERSION = 2  # 2: file lists watch the folders of their images too
+# A watched path that was not there when scanned: current while it still is not.
+MISSING_MTIME = -1
 SPLIT_ARRAYS = ("blob", "offsets", "labels", "sizes", "mtimes")
 
 
@@ -57,12 +61,14 @@ def save_index(path: Path, index: DatasetIndex, watched: dict[str, int]) -> None
 
 
 def is_current(watched: dict[str, int]) -> bool:
-    """Every folder (or file list) the scan read still has the mtime it had."""
+    """Every folder (or file list) the scan read still has the mtime it had (and one that
+    was not there still is not)."""
     for path, mtime in watched.items():
         try:
-            if os.stat(path).st_mtime_ns != mtime:
-                return False
+            now = os.stat(path).st_mtime_ns
         except OSError:
+            now = MISSING_MTIME
+        if now != mtime:
             return False
     return True
 
@@ -80,7 +86,7 @@ def load_index(path: Path, root: Path) -> DatasetIndex | None:
     if meta.get("version") != INDEX_VERSION or meta.get("root") != str(root):
         return None
     if not is_current(meta["watched"]):
-        log.info("dataset index %s is out of date (files added or removed); scanning", path)
+        log.info("dataset index %s is stale (files added, removed or replaced); scanning", path)
         return None
     prefix = str(root).rstrip("/") + "/"
 

@@ -88,6 +88,8 @@ from typing import Any, ClassVar, TypeVar
 
 import torch
 
+from loaderbench import decoded_by
+
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
@@ -140,6 +142,7 @@ class JpegBackend(abc.ABC):
                     images.append(self.decode_whole([data], device)[0])
                 except RuntimeError as error:
                     images.append(error)
+        decoded_by.note(self.name, sum(not isinstance(i, BaseException) for i in images))
         return [cut(image, box) for image, box in zip(images, boxes, strict=True)]
 
 
@@ -202,7 +205,9 @@ def decode_pil(data: torch.Tensor, box: Box | None = None) -> torch.Tensor:
         check_box(box, image.height, image.width)
         top, left, h, w = box
         image = image.crop((left, top, left + w, top + h))
-    return torch.from_numpy(np.array(image)).permute(2, 0, 1)
+    pixels = torch.from_numpy(np.array(image)).permute(2, 0, 1)
+    decoded_by.note("pil")
+    return pixels
 
 
 class TorchCodecBackend(JpegBackend):
@@ -257,6 +262,28 @@ def _stderr_captured() -> Iterator[list[str]]:
             lines.extend(line.strip() for line in text.splitlines() if line.strip())
 
 
+# nvImageCodec's decoder options (docs.nvidia.com/cuda/nvimagecodec/codec_options.html: a
+# space-separated list, ``:<option>=<value>`` for every decoder that knows the option,
+# ``<decoder_id>:<option>=<value>`` for one). Fancy (interpolating) chroma upsampling is
+# libjpeg's and so Pillow's: asked for explicitly, as some releases of the Python binding
+# default to ``:fancy_upsampling=0``. nvImageCodec 0.9's nvJPEG decoders then refuse a region
+# of a 4:2:0 or 4:2:2 JPEG with nvJPEG older than 13.2 ("ROI decode with fancy upsampling may
+# produce wrong results on image edge (1 pixel wide) with nvJPEG < 13.2 ... set
+# enable_roi_fancy_upsampling=1", libnvjpeg_ext.so 0.9.0), and every such train crop and val
+# centre crop would go to Pillow on one thread: enabled for the CUDA and hardware decoders, a
+# box's outermost pixel's chroma being the price (the resize to the model's size blends it).
+FANCY_UPSAMPLING = ":fancy_upsampling=1"
+NVJPEG_DECODER_IDS = ("nvjpeg_cuda_decoder", "nvjpeg_hw_decoder")
+
+
+def nvimgcodec_options(device_type: str) -> str:
+    """The options string of the nvImageCodec decoder made for this kind of device."""
+    if device_type == "cpu":
+        return FANCY_UPSAMPLING
+    roi = [f"{decoder}:enable_roi_fancy_upsampling=1" for decoder in NVJPEG_DECODER_IDS]
+    return " ".join([FANCY_UPSAMPLING, *roi])
+
+
 class NvImageCodecBackend(JpegBackend):
     """nvImageCodec: a decoder per CPU thread (one thread of its own each), one per GPU."""
 
@@ -270,6 +297,10 @@ class NvImageCodecBackend(JpegBackend):
         self._thread = threading.local()
         self._gpu_decoders: dict[int, Any] = {}
         self._lock = threading.Lock()
+        # nvImageCodec documents that not all its types are thread safe: memmap's reading
+        # threads share the device's decoder, so its decode calls take turns (each thread's
+        # parsing, copies and crops still run side by side, on the thread's own stream).
+        self._gpu_decode_lock = threading.Lock()
 
     def load(self) -> None:
         if self._module is not None:
@@ -297,6 +328,7 @@ class NvImageCodecBackend(JpegBackend):
                     device_id=nv.NVIMGCODEC_DEVICE_CPU_ONLY,
                     max_num_cpu_threads=1,
                     backends=[nv.Backend(nv.BackendKind.CPU_ONLY)],
+                    options=nvimgcodec_options("cpu"),
                 )
                 self._thread.decoder = decoder
             return decoder
@@ -311,6 +343,7 @@ class NvImageCodecBackend(JpegBackend):
                         nv.Backend(nv.BackendKind.GPU_ONLY),
                         nv.Backend(nv.BackendKind.HYBRID_CPU_GPU),
                     ],
+                    options=nvimgcodec_options("cuda"),
                 )
             return self._gpu_decoders[index]
 
@@ -338,18 +371,23 @@ class NvImageCodecBackend(JpegBackend):
             streams.append(stream)
             positions.append(i)
         if streams:
-            decoder = self._decoder(device)
-            if device.type == "cpu":
-                images = [decoder.decode(stream, params=self._params) for stream in streams]
-            else:
-                cuda_stream = torch.cuda.current_stream(device).cuda_stream
-                images = decoder.decode(streams, params=self._params, cuda_stream=cuda_stream)
+            images = self._run(streams, device)
             for i, image in zip(positions, images, strict=True):
                 if image is None:  # nvImageCodec refused it: PIL says why, or reads it
                     results[i] = self._with_pil(datas[i], boxes[i], device, None)
                 else:
                     results[i] = self._tensor(image, device)
+            decoded_by.note(self.name, sum(image is not None for image in images))
         return results  # type: ignore[return-value]
+
+    def _run(self, streams: list[Any], device: torch.device) -> list[Any]:
+        """nvImageCodec's decode of code streams: an image each, None for one it refused."""
+        decoder = self._decoder(device)
+        if device.type == "cpu":
+            return [decoder.decode(stream, params=self._params) for stream in streams]
+        cuda_stream = torch.cuda.current_stream(device).cuda_stream
+        with self._gpu_decode_lock:
+            return list(decoder.decode(streams, params=self._params, cuda_stream=cuda_stream))
 
     def _code_stream(self, data: torch.Tensor, box: Box | None) -> Any:
         """The JPEG's code stream (its headers parsed), cut to ``box``; None for a file that
@@ -413,16 +451,26 @@ def _tiny_jpeg() -> torch.Tensor:
 
 
 def _works(backend: JpegBackend, device: torch.device) -> None:
-    """Load the backend and decode the tiny JPEG on ``device``, whole and (where the backend
-    can) a region; raises with the reason where it does not work."""
+    """Load the backend and decode the tiny JPEG (4:2:0, as most photos) on ``device``, whole
+    and (where the backend can) a region; raises with the reason where it does not work,
+    including where it did not decode them itself: a region it refused comes back empty (None)
+    and the backend hands that image to Pillow, which would pass for a working region decode
+    while every crop of the run went to Pillow."""
     backend.load()
     data = _tiny_jpeg()
-    images = backend.decode([data, data], device, [None, (8, 0, 8, 16)])
+    with decoded_by.not_counted(), decoded_by.counting() as counts:
+        images = backend.decode([data, data], device, [None, (8, 0, 8, 16)])
     for image, shape in zip(images, ((3, 16, 16), (3, 8, 16)), strict=True):
         if isinstance(image, BaseException):
             raise image
         if tuple(image.shape) != shape or image.device.type != device.type:
             raise RuntimeError(f"decoded {tuple(image.shape)} on {image.device}, not {shape}")
+    others = {lib: n for lib, n in counts.items() if lib != backend.name}
+    if others:
+        raise RuntimeError(
+            f"{backend.name} refused {sum(others.values())} of 2 test images (whole, and a "
+            f"region of a 4:2:0 JPEG), which fell back to {', '.join(sorted(others))}"
+        )
 
 
 def _device_of(device: torch.device | str) -> torch.device:
@@ -620,6 +668,7 @@ __all__ = [
     "decode_batch",
     "decode_cpu",
     "hand_over",
+    "nvimgcodec_options",
     "region_decode",
     "require_cuda",
 ]

@@ -102,12 +102,18 @@ def _collective_device() -> torch.device:
     return torch.device("cpu")
 
 
+REDUCE_OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
+
+
 def all_reduce(values: list[float], op: str = "sum") -> list[float]:
-    """Sum (or max) of each value across ranks; the identity in a single process."""
+    """Sum (or ``max``, ``min``) of each value across ranks; the identity in a single
+    process."""
+    if op not in REDUCE_OPS:
+        raise ValueError(f"all_reduce: op={op!r} is none of {sorted(REDUCE_OPS)}")
     if not dist.is_initialized():
         return values
     tensor = torch.tensor(values, dtype=torch.float64, device=_collective_device())
-    dist.all_reduce(tensor, op=dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.SUM)
+    dist.all_reduce(tensor, op=REDUCE_OPS[op])
     return tensor.tolist()
 
 
@@ -149,7 +155,7 @@ def reduce_loop_metrics(metrics: dict[str, Any], world_size: int) -> dict[str, A
     rank; shares are averaged."""
     if world_size <= 1:
         return metrics
-    keys_sum = ["images", "images_per_s", "cpu_s", "loop_s"]
+    keys_sum = ["images", "images_per_s", "images_per_s_end_to_end", "cpu_s", "loop_s"]
     keys_max = ["ttfb_s"]
     keys_mean = ["data_wait_frac"]
     out = dict(metrics)

@@ -57,6 +57,8 @@ class TrainStep:
         if self.grad_clip:
             self.scaler.unscale_(self.optimizer)
             nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)
+        # fp16: with the fused optimizer the run builds on CUDA (``optim.fused_step``) the
+        # scaler passes its inf/NaN flag on the device; an unfused one would read it per step.
         self.scaler.step(self.optimizer)
         self.scaler.update()
         self.scheduler.step()

@@ -35,7 +35,7 @@ from loaderbench.engine import (
 from loaderbench.loaders import Loader
 from loaderbench.meters import Average, CpuWindow, IntervalRates, LoopMeter
 from loaderbench.models import maybe_compile
-from loaderbench.optim import build_optimizer, build_scheduler
+from loaderbench.optim import build_optimizer, build_scheduler, load_optimizer_state
 from loaderbench.session import Session
 from loaderbench.stopping import Preempted, preemption_requested
 
@@ -70,7 +70,7 @@ def parallel_models(session: Session, model: nn.Module) -> tuple[nn.Module, nn.M
 
 def start_training(session: Session, model: nn.Module, steps_per_epoch: int) -> Training:
     cfg = session.cfg
-    optimizer = build_optimizer(cfg.optim, model)
+    optimizer = build_optimizer(cfg.optim, model, session.device)
     scheduler = build_scheduler(cfg.scheduler, optimizer, steps_per_epoch, cfg.epochs)
     train_model, eval_model = parallel_models(session, model)
     step = TrainStep(
@@ -100,12 +100,15 @@ def resume_from(session: Session) -> Path | None:
 
 @dataclass
 class Start:
-    """Where a run starts: after ``epoch`` epochs and ``batches`` batches of the next, whose
-    loss so far (this rank's) ``epoch_loss`` holds."""
+    """Where a run starts: after ``epoch`` epochs and ``batches`` steps of the next, whose
+    loss so far (this rank's) ``epoch_loss`` holds, and whose order this rank's loader had
+    gone through up to its batch ``position``: more than ``batches`` where a batch of
+    unreadable files only was left out (a step fewer), so the loader continues from there."""
 
     epoch: int = 0
     batches: int = 0
     epoch_loss: Average = field(default_factory=Average)
+    position: int = 0
 
 
 # Config keys a resumed run must keep: they fix the schedule's steps per epoch, each epoch's
@@ -165,12 +168,17 @@ def resume(session: Session, training: Training, path: Path) -> Start:
     set_rng_state(mine["rng"])
     epoch_loss = Average()
     epoch_loss.total, epoch_loss.count = mine.get("epoch_loss", (0.0, 0))
-    start = Start(int(state["epoch"]), int(state.get("batches", 0)), epoch_loss)
+    batches = int(state.get("batches", 0))
+    # A checkpoint of format 2 or older kept the steps alone: its run continues from that
+    # many batches of the order, as those versions did (a batch again if one before the stop
+    # was left out, all its files unreadable).
+    position = int(mine.get("position", batches))
+    start = Start(int(state["epoch"]), batches, epoch_loss, position)
     log.info(
         "resuming from %s after %d epochs%s, to %d",
         path,
         start.epoch,
-        f" and {start.batches} batches" if start.batches else "",
+        f" and {batches} steps (batch {position} of its order on)" if batches else "",
         cfg.epochs,
     )
     return start
@@ -292,15 +300,21 @@ def load_training_state(training: Training, state: dict[str, Any]) -> None:
     """Undo ``training_state``. A GradScaler starts afresh only where the checkpoint had none
     (trained in another precision)."""
     training.model.load_state_dict(state["model"])
-    training.optimizer.load_state_dict(state["optimizer"])
+    load_optimizer_state(training.optimizer, state["optimizer"])
     training.scheduler.load_state_dict(state["scheduler"])
     if state.get("scaler") and training.step.scaler.is_enabled():
         training.step.scaler.load_state_dict(state["scaler"])
 
 
-def rank_state(epoch_loss: Average) -> dict[str, Any]:
-    """What differs per rank and a resume needs: the random streams and the running loss."""
-    return {"rng": rng_state(), "epoch_loss": (epoch_loss.total, epoch_loss.count)}
+def rank_state(epoch_loss: Average, position: int) -> dict[str, Any]:
+    """What differs per rank and a resume needs: the random streams, the running loss and
+    the batches of the epoch's order gone through (``Loader.position``: a rank whose loader
+    left out an unreadable batch is further on than its steps)."""
+    return {
+        "rng": rng_state(),
+        "epoch_loss": (epoch_loss.total, epoch_loss.count),
+        "position": position,
+    }
 
 
 def save_training(
@@ -310,10 +324,12 @@ def save_training(
     metrics: dict,
     batches: int = 0,
     epoch_loss: Average | None = None,
+    position: int = 0,
 ) -> None:
-    """The checkpoint after ``epoch`` epochs and ``batches`` more (every rank calls it: each
-    hands over its own state; rank 0 writes, atomically)."""
-    ranks = distributed.gather_objects(rank_state(epoch_loss or Average()))
+    """The checkpoint after ``epoch`` epochs and ``batches`` steps more, this rank's loader at
+    batch ``position`` of the order (every rank calls it: each hands over its own state; rank
+    0 writes, atomically)."""
+    ranks = distributed.gather_objects(rank_state(epoch_loss or Average(), position))
     if not session.dist.is_main:
         return
     save_checkpoint(
@@ -358,6 +374,7 @@ def log_epoch(
             "epoch/train_loss": result["loss"],
             "epoch/lr": lr,
             "epoch/images_per_s": rates["images_per_s"],
+            "epoch/images_per_s_end_to_end": rates["images_per_s_end_to_end"],
             "epoch/data_wait_frac": rates["data_wait_frac"],
             "val/top1": result["top1"],
             "val/top5": result["top5"],
@@ -400,11 +417,12 @@ def fit(
     epochs = epochs_to_run(cfg, start.epoch)
     for epoch in epochs:
         resumed = epoch == start.epoch
-        first = start.batches if resumed else 0  # batches of this epoch done before a requeue
+        first = start.batches if resumed else 0  # steps of this epoch taken before a requeue
+        position = start.position if resumed else 0  # and batches of its order gone through
         epoch_loss = start.epoch_loss if resumed else Average()
         mark = (meter.batches, window.cpu_s)
         if first < steps:  # else preempted at its last step: only its validation is left
-            train_loader.set_epoch(epoch, first)
+            train_loader.set_epoch(epoch, position)
             stop.start_pass(steps - first)
             with window:
                 train_one_epoch(
@@ -420,7 +438,8 @@ def fit(
                     blank=blank,
                 )
         if stop.stopped_at is not None:
-            preempt(session, training, epoch, first + stop.stopped_at, epoch_loss)
+            stopped = first + stop.stopped_at
+            preempt(session, training, epoch, stopped, epoch_loss, train_loader.position)
         agree_on_buffers(training.model)
         val = validate(session, training.eval_model, val_loader, f"val {epoch + 1}/{cfg.epochs}")
         (loss_sum,) = distributed.all_reduce([epoch_loss.mean])
@@ -440,12 +459,18 @@ def fit(
 
 
 def preempt(
-    session: Session, training: Training, epoch: int, batches: int, epoch_loss: Average
+    session: Session,
+    training: Training,
+    epoch: int,
+    batches: int,
+    epoch_loss: Average,
+    position: int,
 ) -> NoReturn:
-    """Save the state after ``batches`` batches of ``epoch`` and stop the run (``Preempted``);
-    the requeued job continues from there. No rank leaves before the checkpoint is in place
-    (torchrun stops every rank as soon as one exits)."""
-    save_training(session, training, epoch, session.metrics, batches, epoch_loss)
+    """Save the state after ``batches`` steps of ``epoch`` (this rank's loader at batch
+    ``position`` of its order) and stop the run (``Preempted``); the requeued job continues
+    from there. No rank leaves before the checkpoint is in place (torchrun stops every rank
+    as soon as one exits)."""
+    save_training(session, training, epoch, session.metrics, batches, epoch_loss, position)
     distributed.barrier()
     log.warning(
         "preempted (SIGUSR2) after %d batches of epoch %d: checkpoint written, requeueing",

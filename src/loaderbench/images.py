@@ -34,6 +34,8 @@ from typing import BinaryIO, NamedTuple
 import numpy as np
 from PIL import Image
 
+from loaderbench import decoded_by
+
 # torchvision 0.29 deprecates its image codecs in favour of TorchCodec; they are still the
 # libjpeg-turbo and nvJPEG bindings we want, so keep the warning out of every decode.
 warnings.filterwarnings(
@@ -148,7 +150,9 @@ def read_rgb(path: str, shrink: Shrink | None = None) -> tuple[Image.Image, tupl
                 image.draft("RGB", target)
         with bombs_named(path):
             image.load()
-    return to_rgb(image), shrink(*size) if shrink is not None else size
+    rgb = to_rgb(image)
+    decoded_by.note("pil")
+    return rgb, shrink(*size) if shrink is not None else size
 
 
 class JpegHeader(NamedTuple):

@@ -4,9 +4,27 @@
 loop was blocked waiting for the batch and the whole interval until the next one was asked for,
 so that
 
-* ``images_per_s`` counts only batches after ``warmup_batches`` (start-up is reported apart, as
-  ``ttfb_s``);
-* ``data_wait_frac`` is the share of that steady-state wall time spent blocked on the loader.
+* ``images_per_s`` counts only batches after ``warmup_batches`` and after the loader's head
+  start (start-up is reported apart, as ``ttfb_s``; see "The head start" below);
+* ``data_wait_frac`` is the share of that steady-state wall time spent blocked on the loader;
+* ``images_per_s_end_to_end`` is every image over the loop's whole wall time, start-up included.
+
+The head start. A loader decodes ahead of the loop: up to its queue depth (``queue_depth``:
+DataLoader's workers x per-worker prefetch, memmap's and spdl's batches in flight) batches,
+ready or under way. While the loop is not measuring (waiting for its first batch, stepping
+through the warm-up) the loader fills that queue; a window that opened right after the warm-up
+would then count those batches at the consumer's speed although their decoding happened before
+it opened. With a queue as deep as the epoch (32 workers on 31 batches) the whole epoch is
+decoded during start-up and the "steady state" is the model alone. So the window opens only once
+the head start is consumed: ``warmup_batches + queue_depth`` batches into the first loop. From
+there, a loader slower than the loop keeps no batch ready (its in-flight work is what it does
+inside the window), and one faster than the loop is not what the loop waits for. A later loop
+(epoch) opens its window at once, its first batch's wait included, as the loader starts it
+empty; where a loader keeps working between loops (a persistent SPDL pipeline decodes the next
+epoch during validation: ``queued_at_start``) that loop skips those batches too. A queue deeper
+than the run leaves no batch to measure: the window then spans every loop that has one (the
+next epochs), and where none has, ``images_per_s`` is the end-to-end rate (``steady_batches``
+is 0). Producing the queue cannot be charged instead: the loop never sees when a batch was made.
 
 On CUDA the host runs ahead of the device, and the meter does not make it wait every step
 (that would keep the next batch's copy and decode from overlapping the current step, and make
@@ -33,6 +51,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import psutil
+from torch.utils.data import DataLoader
 
 from loaderbench.stopping import raise_if_stop_requested
 
@@ -44,6 +63,20 @@ def _batch_size(batch: Any) -> int:
     return int(first.shape[0])
 
 
+def head_start(loader: object) -> tuple[int, int]:
+    """(batches ``loader`` may decode ahead of the loop at most, batches its next iteration may
+    find decoded already): a project loader's ``queue_depth()`` and ``queued_at_start()``; a
+    bare DataLoader's workers x ``prefetch_factor`` (it starts every epoch empty); nothing for
+    other iterables, which are taken to make each batch when asked."""
+    depth = getattr(loader, "queue_depth", None)
+    if callable(depth):
+        ready = getattr(loader, "queued_at_start", None)
+        return int(depth()), int(ready()) if callable(ready) else 0
+    if isinstance(loader, DataLoader) and loader.num_workers > 0:
+        return loader.num_workers * int(loader.prefetch_factor or 1), 0
+    return 0, 0
+
+
 @dataclass
 class LoopMeter:
     warmup_batches: int = 3
@@ -53,13 +86,28 @@ class LoopMeter:
     waits: list[float] = field(default_factory=list)
     intervals: list[float] = field(default_factory=list)
     sizes: list[int] = field(default_factory=list)
+    # Per batch: inside the steady-state window (after the warm-up and the head start).
+    measured: list[bool] = field(default_factory=list)
+    # Per batch: seconds ``iter(loader)`` took before it (a loop's first batch only; else 0).
+    setup_s: list[float] = field(default_factory=list)
     ttfb_s: float | None = None
+    warmup_left: int | None = None  # warm-up batches still to come (None: warmup_batches)
+
+    def window_opens_at(self, loader: object) -> int:
+        """The batch of the next loop over ``loader`` where its measured window opens (see
+        "The head start" above): past the warm-up left and the queue it lets the loader fill,
+        or past what the loader decoded before the loop began."""
+        depth, ready = head_start(loader)
+        left = self.warmup_batches if self.warmup_left is None else self.warmup_left
+        return left + depth if left > 0 else ready
 
     def iterate(self, loader: Iterable[Any], max_batches: int | None = None) -> Iterator[Any]:
         """Yield the loader's batches, timing each; one call per epoch."""
         clock, sync, edge = self.clock, self.sync, self.window_sync
+        opens = self.window_opens_at(loader)
         epoch_start = clock()
         iterator = iter(loader)
+        setup = clock() - epoch_start
         count = 0
         tail_start: float | None = None
         while max_batches is None or count < max_batches:
@@ -81,9 +129,13 @@ class LoopMeter:
             yield batch
             if sync is not None:
                 sync()
-            if edge is not None and len(self.intervals) + 1 == self.warmup_batches:
+            if edge is not None and count == opens:
                 edge()  # the warm-up's queued work is not the steady state's
             self.intervals.append(clock() - start)
+            self.measured.append(count > opens)
+            self.setup_s.append(setup if count == 1 else 0.0)
+        left = self.warmup_batches if self.warmup_left is None else self.warmup_left
+        self.warmup_left = max(0, left - count)
         # The tail of an epoch (the device's queued steps, draining, worker shutdown) belongs
         # to the last batch.
         if self.intervals and count:
@@ -104,21 +156,30 @@ class LoopMeter:
 
     def summary(self, since: int = 0) -> dict[str, float | int | None]:
         """The loop's numbers from its batch ``since`` on (an epoch's: ``since`` is
-        ``batches`` at the epoch's start); the warm-up batches count in none of them."""
+        ``batches`` at the epoch's start). The rates count the batches in the measured window
+        (``measured``); where none is (a queue deeper than the loop, or fewer batches than the
+        warm-up), every batch and the loops' set-up: the end-to-end rate, which no head start
+        can flatter (``steady_batches`` 0 says so)."""
         n = len(self.intervals)
-        # Too few batches for the warm-up: measure what there is, rather than nothing.
-        skip = max(since, min(self.warmup_batches, max(n - 1, 0)))
-        steady_time = sum(self.intervals[skip:])
-        steady_images = sum(self.sizes[skip:n])
-        steady_wait = sum(self.waits[skip:n])
+        chosen = [i for i in range(since, n) if self.measured[i]]
+        steady = bool(chosen)
+        if not steady:
+            chosen = list(range(since, n))
+        loop_s = sum(self.intervals[since:n])
+        all_s = loop_s + sum(self.setup_s[since:n])
+        images = sum(self.sizes[since:n])
+        steady_time = sum(self.intervals[i] for i in chosen) + (0.0 if steady else all_s - loop_s)
+        steady_images = sum(self.sizes[i] for i in chosen)
+        steady_wait = sum(self.waits[i] for i in chosen)
         return {
-            "images": sum(self.sizes[since:n]),
+            "images": images,
             "batches": n - since,
             "images_per_s": steady_images / steady_time if steady_time > 0 else None,
+            "images_per_s_end_to_end": images / all_s if all_s > 0 else None,
             "ttfb_s": self.ttfb_s,
             "data_wait_frac": steady_wait / steady_time if steady_time > 0 else None,
-            "loop_s": sum(self.intervals[since:]),
-            "measured_batches": max(n - skip, 0),
+            "loop_s": loop_s,
+            "measured_batches": len(chosen) if steady else 0,
         }
 
 
@@ -267,6 +328,9 @@ def loop_metrics(meter: LoopMeter, cpu_s: float, since: int = 0) -> dict[str, An
     return {
         "images": images,
         "images_per_s": summary["images_per_s"],
+        "images_per_s_end_to_end": summary["images_per_s_end_to_end"],
+        # Batches images_per_s counts; 0: none past the head start, it is the end-to-end rate.
+        "steady_batches": summary["measured_batches"],
         "ttfb_s": summary["ttfb_s"],
         "data_wait_frac": summary["data_wait_frac"],
         "loop_s": summary["loop_s"],

@@ -22,31 +22,64 @@ def _param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     ]
 
 
-def _sgd(cfg: DictConfig, model: nn.Module) -> torch.optim.Optimizer:
+def _sgd(cfg: DictConfig, model: nn.Module, fused: bool | None) -> torch.optim.Optimizer:
     return torch.optim.SGD(
         _param_groups(model, cfg.weight_decay),
         lr=cfg.lr,
         momentum=cfg.momentum,
         nesterov=cfg.nesterov and cfg.momentum > 0,
+        fused=fused,
     )
 
 
-def _adamw(cfg: DictConfig, model: nn.Module) -> torch.optim.Optimizer:
+def _adamw(cfg: DictConfig, model: nn.Module, fused: bool | None) -> torch.optim.Optimizer:
     return torch.optim.AdamW(
-        _param_groups(model, cfg.weight_decay), lr=cfg.lr, betas=tuple(cfg.betas)
+        _param_groups(model, cfg.weight_decay), lr=cfg.lr, betas=tuple(cfg.betas), fused=fused
     )
 
 
-OPTIMIZERS: dict[str, Callable[[DictConfig, nn.Module], torch.optim.Optimizer]] = {
+OPTIMIZERS: dict[str, Callable[[DictConfig, nn.Module, bool | None], torch.optim.Optimizer]] = {
     "sgd": _sgd,
     "adamw": _adamw,
 }
 
 
-def build_optimizer(cfg: DictConfig, model: nn.Module) -> torch.optim.Optimizer:
+def fused_step(device: torch.device) -> bool | None:
+    """The optimizers' ``fused`` argument on ``device``: True on CUDA, else None (torch's
+    default kernels, as before).
+
+    With precision=fp16 the GradScaler checks the gradients for inf/NaN, and before an unfused
+    optimizer's step it reads that flag on the host (``GradScaler._maybe_opt_step``: ``.item()``
+    per step), a sync that keeps the next batch's copy and decode from overlapping the step. A
+    fused optimizer says it handles the scaling itself (``_step_supports_amp_scaling``):
+    ``GradScaler.step`` hands it the inverse scale and the flag as device tensors, and its one
+    kernel skips an overflowing step on the device; nothing is read. On the CPU there is no
+    device to wait for, and fp16 is refused there, so nothing changes."""
+    return True if device.type == "cuda" else None
+
+
+def build_optimizer(
+    cfg: DictConfig, model: nn.Module, device: torch.device | None = None
+) -> torch.optim.Optimizer:
+    """``optim.name``'s optimizer over ``model``; fused kernels where the model trains on CUDA
+    (``fused_step``)."""
     if cfg.name not in OPTIMIZERS:
         raise ValueError(f"optim.name={cfg.name!r} is unknown; choose one of {sorted(OPTIMIZERS)}")
-    return OPTIMIZERS[cfg.name](cfg, model)
+    fused = fused_step(device) if device is not None else None
+    return OPTIMIZERS[cfg.name](cfg, model, fused)
+
+
+def load_optimizer_state(optimizer: torch.optim.Optimizer, state: dict) -> None:
+    """``optimizer.load_state_dict(state)``, keeping this run's kernel choice (``fused``,
+    ``foreach``). torch copies every group option from the checkpoint, so a checkpoint saved
+    unfused (an earlier version, or a CPU run) would turn a fused optimizer's groups unfused
+    while the optimizer still tells the GradScaler it handles the scaling, and the first fp16
+    step would fail ("Expected grad_scale and found_inf to be None"); the kernels are this
+    run's device's business, not the checkpoint's."""
+    kernels = {key: optimizer.defaults.get(key) for key in ("fused", "foreach")}
+    optimizer.load_state_dict(state)
+    for group in optimizer.param_groups:
+        group.update(kernels)
 
 
 def warmup_cosine(total_steps: int, warmup_steps: int, min_ratio: float) -> Callable[[int], float]:

@@ -29,6 +29,7 @@ from omegaconf import DictConfig, OmegaConf
 from loaderbench import __version__, distributed
 from loaderbench.checkpoint import CHECKPOINT_FILE
 from loaderbench.data import DatasetIndex, discover, resolve_path
+from loaderbench.decoded_by import fallback_warning
 from loaderbench.distributed import DistInfo
 from loaderbench.images import set_max_pixels
 from loaderbench.loaders import Loader, LoaderSettings, LoaderSpec, build_loader
@@ -119,6 +120,10 @@ class Session:
             self.skipped.setdefault(split, set()).update(loader.skipped_indices())
             stats = {**loader.stats(), **self.prepared.get(split, {})}
             self.record({f"loader_{split}_{k}": v for k, v in stats.items()})
+            # Pillow decodes where a loader names no other library (torchvision, memmap raw).
+            primary = stats.get("jpeg_backend", "pil")
+            if warning := fallback_warning(split, stats.get("decoded_by") or {}, primary):
+                log.warning(warning)
 
     def meter(self) -> LoopMeter:
         """A meter for the next loop. The first one marks the end of start-up: ``startup_s``
@@ -155,7 +160,7 @@ class Session:
             loop_metrics(meter, window.cpu_s - cpu_s, since=batches), self.dist.world_size
         )
         if not metrics["images"]:
-            metrics.update(images_per_s=None, data_wait_frac=None)
+            metrics.update(images_per_s=None, images_per_s_end_to_end=None, data_wait_frac=None)
         return metrics
 
     @contextmanager
@@ -195,16 +200,27 @@ def find_dataset(cfg: DictConfig, settings: LoaderSettings, task: str, ranks: in
     return dataset
 
 
-def prepare_page_cache(cfg: DictConfig, dataset: DatasetIndex, cache_dir: str | None) -> str:
-    """``cold`` after evicting the images and the loader's cache; ``warm`` (as found) else."""
+def prepare_page_cache(
+    cfg: DictConfig, dataset: DatasetIndex, cache_dir: str | None, auto_workers: bool = False
+) -> str:
+    """``cold`` after evicting the images and the loader's cache; ``warm`` (as found) else.
+    With ``loader.num_workers=auto`` the eviction is left to after the worker probe
+    (``autotune.settle_num_workers``), which reads the files and would warm them again."""
     if not cfg.bench.drop_page_cache:
         return "warm"
+    if not auto_workers:
+        evict_page_cache(dataset, cache_dir)
+    return "cold"
+
+
+def evict_page_cache(dataset: DatasetIndex, cache_dir: str | None) -> None:
+    """The images of both splits and every file of the loader's cache folder out of the page
+    cache."""
     paths = [*dataset.train.paths, *dataset.val.paths]
     if cache_dir:
         paths += files_under(resolve_path(cache_dir))
     files, nbytes = evict(paths)
     log.info("evicted %d files (%.1f MB) from the page cache", files, nbytes / 2**20)
-    return "cold"
 
 
 def sweep_identity() -> tuple[str | None, str | None]:
@@ -361,7 +377,8 @@ def _set_up(
         metrics.update(set_intra_op_threads(cfg.runtime.threads, settings.num_workers))
     dataset = find_dataset(cfg, settings, task, info.world_size)
     metrics.update(dataset_metrics(dataset))
-    metrics["page_cache"] = prepare_page_cache(cfg, dataset, getattr(settings, "cache_dir", None))
+    cache_dir = getattr(settings, "cache_dir", None)
+    metrics["page_cache"] = prepare_page_cache(cfg, dataset, cache_dir, settings.auto_workers)
     resumable = find_resumable(cfg, run_dir, task)
     if task == "train":
         metrics["requeues"] = resumable.requeues if resumable else 0

@@ -15,6 +15,8 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
+from loaderbench.decoded_by import summary_text
+
 log = logging.getLogger(__name__)
 
 
@@ -59,11 +61,15 @@ SUMMARY_METRICS = [
     "autotune_s",  # loader.num_workers=auto: the probe's seconds (the count: num_workers)
     "images",
     "images_per_s",
+    # Start-up included: a deep queue decoded before the measured window shows here.
+    "images_per_s_end_to_end",
+    "steady_batches",  # batches images_per_s counts (0: it is the end-to-end rate)
     "ttfb_s",
     "data_wait_frac",
     "cpu_s_per_1k_images",
     "peak_rss_mb",
     "skipped_files",
+    "decoded_by",  # what decoded the images, per split (``decoded_by.summary_text``)
     "top1",
     "top5",
     "loss",
@@ -101,6 +107,7 @@ def collect_rows(sweep_dir: str | Path) -> tuple[list[str], list[dict]]:
         if metrics.get("status") == "running":
             metrics["status"] = "failed"  # the job died before it could say how it ended
         row.update({k: metrics.get(k) for k in SUMMARY_METRICS})
+        row["decoded_by"] = summary_text(metrics)
         rows.append(row)
     return keys, rows
 

@@ -97,6 +97,7 @@ def _define_metrics(run: Any) -> None:
                 run.define_metric(pattern, step_metric=step)
         run.define_metric("val/top1", step_metric="epoch", summary="max,last")
         run.define_metric("epoch/images_per_s", step_metric="epoch", summary="mean,last")
+        run.define_metric("epoch/images_per_s_end_to_end", step_metric="epoch", summary="mean,last")
     except Exception as error:  # an old server or SDK: curves still log, only less tidy
         log.debug("W&B define_metric failed: %s", error)
 

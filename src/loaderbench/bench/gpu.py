@@ -137,7 +137,9 @@ def _probe(code: str) -> dict[str, Any]:
     }
 
 
-def machine_info() -> dict[str, Any]:
+def machine_info(probes: bool = True) -> dict[str, Any]:
+    """The machine as JSON; without ``probes`` (the first record, written before the kit is
+    installed) no library is imported in a fresh interpreter."""
     info: dict[str, Any] = {
         "python": sys.version.split()[0],
         "executable": sys.executable,
@@ -166,7 +168,7 @@ def machine_info() -> dict[str, Any]:
             info["bf16_supported"] = torch.cuda.is_bf16_supported()
     except Exception as error:  # the report says what is wrong instead of failing
         info["torch_error"] = f"{type(error).__name__}: {error}"
-    info["probes"] = {name: _probe(code) for name, code in PROBES.items()}
+    info["probes"] = {name: _probe(code) for name, code in PROBES.items()} if probes else {}
     if shutil.which("nvidia-smi"):
         _, info["nvidia_smi"] = _run(["nvidia-smi"])
         _, info["nvidia_smi_query"] = _run(
@@ -798,6 +800,7 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     env = sub.add_parser("env", help="record the machine as JSON")
     env.add_argument("out", type=Path)
+    env.add_argument("--quick", action="store_true", help="no library probes (seconds)")
     data = sub.add_parser("data", help="generate the synthetic set and print its root")
     data.add_argument("parent", type=Path)
     data.add_argument("--classes", type=int, default=100)
@@ -823,7 +826,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     if args.command == "env":
-        info = machine_info()
+        info = machine_info(probes=not args.quick)
         args.out.write_text(json.dumps(info, indent=2) + "\n")
         for name, probe in info["probes"].items():
             print(f"import {name}: {'ok' if probe['loaded'] else 'FAILED'}: {probe['detail']}")

@@ -295,10 +295,17 @@ def loader_rows(
                 ttfb_s=_float(r.get("ttfb_s")),
                 limit_name=limit_name,
                 limit_images_per_s=limit_images_per_s,
-                note="" if r.get("status") == "ok" else f"failed: {r.get('error')}",
+                note=_row_note(r),
             )
         )
     return out
+
+
+def _row_note(run: dict[str, str]) -> str:
+    """A sweep row's note: why it failed, or what decoded its images (``decoded_by``)."""
+    if run.get("status") != "ok":
+        return f"failed: {run.get('error')}"
+    return f"decoded by {run['decoded_by']}" if run.get("decoded_by") else ""
 
 
 def measure_loader(loader: Any, epochs: int, repeats: int) -> dict[str, Any]:

@@ -104,6 +104,12 @@ class Loader(abc.ABC):
         self.spec = spec
         self.epoch = 0
         self.start_batch = 0
+        # Batches of the epoch's order (this rank's) the iteration under way has gone
+        # through, counted in the consumer's thread as each is handed over or left out (all
+        # its files unreadable): not the batches handed over, which are fewer after such a
+        # batch. A job resumed in this epoch continues from here (``set_epoch(epoch,
+        # position)``); from the batches handed over, it would serve one twice.
+        self.position = 0
 
     @classmethod
     def prepare(cls, spec: LoaderSpec) -> dict[str, Any]:
@@ -125,6 +131,21 @@ class Loader(abc.ABC):
         in the middle of an epoch; the epoch's order and augmentation are the same)."""
         self.epoch = epoch
         self.start_batch = start_batch
+        self.position = start_batch
+
+    def queue_depth(self) -> int:
+        """Batches this loader may have decoded, ready or under way, ahead of the loop at most:
+        the head start it takes whenever the loop is not asking (its start, the warm-up
+        steps), which the meter lets the loop consume before it measures (``LoopMeter``).
+        Default: ``prefetch`` in total, at least one per worker, none without workers (the
+        loop's own thread makes each batch when asked); a loader that keeps more overrides."""
+        workers = self.spec.num_workers
+        return max(self.spec.prefetch, workers) if workers > 0 else 0
+
+    def queued_at_start(self) -> int:
+        """Batches the next iteration may find decoded before it asks for any: work done
+        between epochs. 0 for a loader that starts each epoch when it is iterated."""
+        return 0
 
     def stats(self) -> dict[str, Any]:
         """Loader-specific numbers for metrics.json (``skipped_files`` at least: this rank's,

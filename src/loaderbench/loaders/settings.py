@@ -43,8 +43,8 @@ class AutotuneSettings:
     tolerance: float = 0.05
     # Climb to the next count only while the last one beat the best before it by more than this.
     gain: float = 0.05
-    # Each count's measured window (after the pipeline's fill): at least this many seconds and
-    # batches, and whole rounds of the workers, two at least (loaderbench.autotune.measure_rung).
+    # Each count's measured window (after its loader's head start): at least this many seconds
+    # and batches, and whole rounds of the workers, two at least (autotune_rung.measure_rung).
     window_s: float = 1.5
     min_batches: int = 4
     # No count is started after this many seconds of probing.

@@ -22,6 +22,7 @@ Store policies:
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import os
@@ -41,6 +42,8 @@ from tensordict import TensorClass
 from torch.utils.data import DataLoader, Dataset
 from tqdm import tqdm
 
+from loaderbench.decoded_by import add as add_counts
+from loaderbench.decoded_by import counting
 from loaderbench.images import load_rgb, read_rgb
 from loaderbench.loaders.base import stop_workers
 from loaderbench.loaders.memmap.settings import Settings
@@ -172,10 +175,13 @@ class BuildJob:
     progress: bool = True  # a progress bar on stderr
 
 
+# (first image, sizes, errors, the chunk's payload, its images by decoding library)
+ChunkResult = tuple[int, torch.Tensor, list[tuple[int, str]], Any, dict[str, int]]
+
+
 class BuildChunks(Dataset):
     """Chunk ``c`` decodes images [c * chunk, (c + 1) * chunk) as the store keeps them, and
-    hands each to the store's ``keep``; returns (first index, sizes, errors, the chunk's
-    payload)."""
+    hands each to the store's ``keep``; returns a ``ChunkResult``."""
 
     missing: Any = None  # the payload item of an unreadable image
 
@@ -195,12 +201,25 @@ class BuildChunks(Dataset):
     def payload(self, items: list[Any]) -> Any:
         return items
 
-    def __getitem__(self, chunk: int) -> tuple[int, torch.Tensor, list[tuple[int, str]], Any]:
+    def __getitem__(self, chunk: int) -> ChunkResult:
         start = chunk * self.chunk
         stop = min(start + self.chunk, len(self.paths))
         sizes = torch.zeros((stop - start, 2), dtype=torch.int32)
         errors: list[tuple[int, str]] = []
         items: list[Any] = []
+        # The images by the library that decoded them, back from the build worker.
+        with counting() as decoded_by:
+            self._decode_chunk(start, stop, sizes, errors, items)
+        return start, sizes, errors, self.payload(items), decoded_by
+
+    def _decode_chunk(
+        self,
+        start: int,
+        stop: int,
+        sizes: torch.Tensor,
+        errors: list[tuple[int, str]],
+        items: list[Any],
+    ) -> None:
         for i in range(start, stop):
             path = self.paths[i]
             try:
@@ -214,7 +233,6 @@ class BuildChunks(Dataset):
             hw = pixels.shape[1:] if self.policy.kind == "crop" else pixels.shape[:2]
             sizes[i - start] = torch.tensor(hw)
             items.append(self.keep(i, pixels))
-        return start, sizes, errors, self.payload(items)
 
 
 @dataclass
@@ -226,6 +244,7 @@ class Decoded:
     skipped: list[dict[str, Any]]
     decode_s: float = 0.0  # worker start-up included
     steady_images_per_s: float | None = None  # from the first chunk's arrival on
+    decoded_by: dict[str, int] = dataclasses.field(default_factory=dict)  # images by library
 
 
 ChunkSink = Callable[[int, Any], None]  # (first image, the chunk's payload)
@@ -257,8 +276,9 @@ def run_chunks(job: BuildJob, chunks: BuildChunks, sink: ChunkSink | None = None
     in_order = iter(loader)
     try:
         with bar:
-            for start, sizes, errors, payload in in_order:
+            for start, sizes, errors, payload, decoded_by in in_order:
                 raise_if_stop_requested()
+                add_counts(done.decoded_by, decoded_by)
                 done.heights[start : start + len(sizes)] = sizes[:, 0]
                 done.widths[start : start + len(sizes)] = sizes[:, 1]
                 for index, message in errors:  # named by the loader when an epoch meets it

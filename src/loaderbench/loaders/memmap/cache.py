@@ -12,9 +12,12 @@ opened only while intact. A cache is one split kept by one store (``STORES``, by
         .<name>.inuse                          held shared by every run reading it (housekeeping)
 
 ``<key>`` hashes everything the bytes depend on: the file list with sizes and mtimes
-(``Split.fingerprint``), the split, the store policy and size, Pillow's version (it decodes and
-resizes) and ``FORMAT_VERSION``. A changed dataset or setting therefore gets a new folder and
-never reads stale images. Old folders are left in place (another run may be reading them).
+(``Split.fingerprint``), the split, the store policy and size, the versions of the libraries
+whose code makes the stored bytes (``pixel_library_versions``: Pillow decodes and resizes,
+torch's kernels resize the train images, torchvision's transforms and JPEG encoder make the
+val crops and the jpeg store) and ``FORMAT_VERSION``. A changed dataset, setting or library
+therefore gets a new folder and never reads stale images. Old folders are left in place
+(another run may be reading them; ``housekeeping`` removes the unused ones).
 
 Safety: a build reserves all its blocks first (``posix_fallocate``), so a full disk fails at
 once with ENOSPC naming the folder, never with a SIGBUS in a worker halfway; every open compares
@@ -30,13 +33,16 @@ import hashlib
 import json
 import logging
 import os
+import re
 import shutil
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import PIL
+import torch
 
 from loaderbench.images import max_pixels
 from loaderbench.loaders.memmap.build import (
@@ -51,7 +57,7 @@ from loaderbench.loaders.memmap.build import (
 from loaderbench.loaders.memmap.store_jpeg import JpegCache, JpegStore
 from loaderbench.loaders.memmap.store_raw import ImageCache, RawStore
 from loaderbench.locking import FileLock, SharedHold, atomic_write_text
-from loaderbench.splits import Split
+from loaderbench.splits import SPLITS, Split
 from loaderbench.stopping import critical_section
 
 log = logging.getLogger(__name__)
@@ -64,14 +70,30 @@ COMPLETE_FILE = "COMPLETE"
 STORES: dict[str, Store] = {store.name: store for store in (RawStore(), JpegStore())}
 
 
-def cache_source(split: Split, policy: StorePolicy) -> dict[str, Any]:
-    """Everything a cache's bytes depend on; its hash is the cache's key."""
+def pixel_library_versions() -> dict[str, str]:
+    """The versions of the libraries whose code makes a cache's bytes: an upgrade of any of
+    them may change a pixel (a resize kernel's rounding, an encoder's tables), so it gets a
+    new cache rather than pixels the other loaders no longer produce."""
+    import torchvision  # here: its import is heavy, and only a cache's key needs it
+
+    return {
+        "pillow": PIL.__version__,  # decodes every image, resizes the val crops
+        "torch": str(torch.__version__),  # resizes the train images (F.interpolate)
+        "torchvision": str(torchvision.__version__),  # val transform, the jpeg store's encoder
+    }
+
+
+def cache_source(
+    split: Split, policy: StorePolicy, versions: Mapping[str, str] | None = None
+) -> dict[str, Any]:
+    """Everything a cache's bytes depend on; its hash is the cache's key. ``versions``:
+    the libraries' (default: ``pixel_library_versions()``, those of this process)."""
     return {
         "format_version": FORMAT_VERSION,
         "split": split.name,
         "files": split.fingerprint(),  # paths, labels, sizes, mtimes
         "num_images": len(split),
-        "pillow": PIL.__version__,
+        **(pixel_library_versions() if versions is None else dict(versions)),
         "max_image_pixels": max_pixels(),  # which images are skipped
         **policy.describe(),
     }
@@ -83,6 +105,25 @@ def cache_name(split: Split, policy: StorePolicy, source: dict[str, Any] | None 
     key = hashlib.sha256(json.dumps(source, sort_keys=True).encode()).hexdigest()[:16]
     codec = "" if policy.codec == "raw" else f"-{policy.codec}{policy.quality}"
     return f"{split.name}-{policy.kind}{policy.stored_size}{codec}-{key}"
+
+
+# Every name ``cache_name`` makes, and a build's folder's (``.<name>.tmp-<pid>``): what
+# housekeeping may remove (a user's folder beside the caches is none of them).
+_CODECS = "|".join(name for name in STORES if name != "raw")
+CACHE_NAME = re.compile(
+    rf"(?:{'|'.join(SPLITS)})-(?:crop|fit)\d+(?:-(?:{_CODECS})\d+)?-[0-9a-f]{{16}}", re.ASCII
+)
+BUILD_FOLDER = re.compile(rf"\.(?P<name>{CACHE_NAME.pattern})\.tmp-\d+", re.ASCII)
+
+
+def build_folder(cache_dir: Path, name: str) -> Path:
+    """Where this process builds cache ``name`` (renamed to ``cache_dir / name`` when done)."""
+    return cache_dir / f".{name}.tmp-{os.getpid()}"
+
+
+def build_lock_file(cache_dir: Path, name: str) -> Path:
+    """Held while cache ``name`` is built: one builder at a time."""
+    return cache_dir / f".{name}.lock"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -110,6 +151,7 @@ def build_cache(job: BuildJob, name: str) -> dict[str, Any]:
         "split": job.split.name,
         "num_images": n,
         "skipped": decoded.skipped,
+        "decoded_by": decoded.decoded_by,  # metrics.json's loader_<split>_decoded_by (raw)
         "build_workers": job.num_workers,
         "build_s": time.perf_counter() - started,
         "build_images_per_s": n / decoded.decode_s,  # start-up included, fsync not
@@ -316,7 +358,7 @@ def _ensure(
         return opened
     _require_writable(cache_dir, final)
     lock = FileLock(
-        cache_dir / f".{name}.lock",
+        build_lock_file(cache_dir, name),
         wait_message=f"Waiting for another run building memmap cache {final} ...",
     )
     with lock:
@@ -327,7 +369,7 @@ def _ensure(
         _remove_stale(cache_dir, name)
         # Stated before the build, and refused at once when it cannot fit.
         _check_space(cache_dir, final, split, policy)
-        tmp = cache_dir / f".{name}.tmp-{os.getpid()}"
+        tmp = build_folder(cache_dir, name)
         log.info("building memmap cache %s (%d images, %d workers)", final, len(split), num_workers)
         try:
             job = BuildJob(split, policy, tmp, num_workers, skip_errors, progress)

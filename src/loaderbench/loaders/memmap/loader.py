@@ -17,13 +17,15 @@ relied on and faster:
   reading threads resize each box straight from its memory-mapped row into the batch (uint8,
   channels-last NCHW; ``crop_resize_flip_rows``), so only the boxes' lines are read, at the
   cost of the resize itself (the crop-and-resize limit, ``loaderbench.bench.limits``). On CUDA
-  the rows are gathered, copied pinned and non-blocking, and cropped on the GPU one box at a
-  time (``resized_crop_images``: only the box is converted to float, never the stored batch).
-  Val batches are stored exactly as the reference pipeline makes them and need nothing but
-  the gather;
+  the reading thread gathers the rows, copies them pinned and non-blocking and crops the whole
+  batch in a few kernels (``crop_resize_flip_sampled``: roi_align, not the CPU's antialiased
+  resize; its docstring gives the difference), all on the thread's own stream
+  (``device_work``). Val batches are stored exactly as the reference pipeline makes them and
+  need nothing but the gather (and, on CUDA, the thread's copy);
 * a ``store=jpeg`` batch is decoded image by image in the reading threads on the CPU, or on
-  CUDA in one batched nvJPEG call (``loaderbench.decode``, the spdl loader's decoder) and
-  cropped on the GPU. A train image's box is drawn in the stored image's coordinates before
+  CUDA by each reading thread's own batched nvJPEG decoder (``loaderbench.decode``, the spdl
+  loader's decoder) and cropped on the thread's stream. A train image's box is drawn in the
+  stored image's coordinates before
   it is decoded, and only the box is decoded (where the backend decodes regions), then
   resized: the same pixels as a whole decode cut to the box.
 
@@ -53,20 +55,23 @@ from loaderbench.decode import (
     Box,
     Decoded,
     backend,
-    batch_decoder,
     decode_cpu,
     hand_over,
     region_decode,
 )
+from loaderbench.decoded_by import add as add_counts
+from loaderbench.decoded_by import counting
 from loaderbench.loaders.base import Batch, Loader, LoaderSpec, register_loader
 from loaderbench.loaders.memmap.build import StorePolicy
 from loaderbench.loaders.memmap.cache import OpenedCache, ensure_cache
+from loaderbench.loaders.memmap.device_work import ThreadStreams
 from loaderbench.loaders.memmap.settings import Settings
 from loaderbench.loaders.memmap.store_jpeg import JpegCache
 from loaderbench.loaders.spdl.decoders import serial_torch_in_this_thread
 from loaderbench.transforms import (
     crop_resize_flip_batch,
     crop_resize_flip_rows,
+    crop_resize_flip_sampled,
     resized_crop_images,
 )
 
@@ -75,15 +80,13 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class _Gathered:
-    """A batch as the reading threads hand it over: on the CPU (pinned on CUDA)."""
+    """A batch as the reading threads hand it over: finished, on the CPU or (CUDA) on the
+    device, where ``ready`` says when the thread's stream has made it."""
 
-    images: torch.Tensor | None
+    images: torch.Tensor
     labels: torch.Tensor
-    # Train batches still to be cropped on the device: (top, left, h, w) per image, and flips.
-    boxes: torch.Tensor | None = None
-    flips: torch.Tensor | None = None
-    # A jpeg store's batch still to be decoded on the device: each image's bytes.
-    encoded: list[torch.Tensor] | None = None
+    ready: torch.cuda.Event | None = None
+    decoded_by: dict[str, int] | None = None  # a jpeg store's images, by decoding library
 
 
 def _regions(boxes: torch.Tensor | None, count: int) -> list[Box | None]:
@@ -167,11 +170,13 @@ class MemmapLoader(Loader):
         # Why the build could not read each file it left out; named when an epoch meets it.
         self._errors: dict[int, str] = {item["index"]: item["error"] for item in skipped}
         self._skipped: set[int] = set()
+        self._decoded_by: dict[str, int] = {}  # a jpeg store's delivered images, by library
         self._live: weakref.WeakSet = weakref.WeakSet()  # iterators not yet finished
         self._pools: set[ThreadPoolExecutor] = set()
         self._lock = threading.Lock()
         # Raw train rows are cropped where the batch goes (the GPU); a jpeg store's batch is
-        # decoded there too, by one batched nvJPEG call, then cropped image by image.
+        # decoded there too, by one batched nvJPEG call, then cropped image by image; both by
+        # the reading threads, each on its own stream (``device_work``).
         self._crop_on_device = spec.train and spec.device.type != "cpu" and not self._jpeg
         self._decode_on_device = self._jpeg and spec.device.type == "cuda"
         # Enough buffers for the batches in flight, the one the caller holds, and one spare.
@@ -180,7 +185,8 @@ class MemmapLoader(Loader):
         self._gather_pool = BufferPool((spec.batch_size, *stored_row), capacity, pin=pin)
         self._crop_pool = BufferPool((spec.batch_size, size, size, 3), capacity)
         self._label_pool = BufferPool((spec.batch_size,), capacity, dtype=torch.int64, pin=pin)
-        self._device_decoder = batch_decoder(spec.device) if self._jpeg else None
+        what = "loader=memmap with a jpeg store on CUDA"
+        self._threads = ThreadStreams(spec.device, jpeg=self._decode_on_device, what=what)
         if self._jpeg:  # the backend chosen now, not by the first reading thread
             self._jpeg_stats()
 
@@ -196,6 +202,11 @@ class MemmapLoader(Loader):
         """``prefetch`` batches ahead in total, at least one per reading thread."""
         return max(self.spec.prefetch, self.spec.num_workers)
 
+    def queue_depth(self) -> int:
+        """The batches submitted to the reading threads ahead of the loop (none: read in the
+        loop's thread when asked)."""
+        return self.batches_in_flight() if self.spec.num_workers > 0 else 0
+
     def _gather(self, epoch: int, indices: torch.Tensor) -> _Gathered | None:
         """Read one batch (runs in a reading thread); None when all its files were skipped."""
         if self._valid is not None:
@@ -203,7 +214,10 @@ class MemmapLoader(Loader):
             if not len(indices):
                 return None
         if self._jpeg:
-            return self._decode(epoch, indices)
+            with counting() as counts:
+                gathered = self._decode(epoch, indices)
+            gathered.decoded_by = counts
+            return gathered
         n = len(indices)
         labels = torch.index_select(self._labels, 0, indices, out=self._label_pool.take(n))
         if self.spec.train and not self._crop_on_device:
@@ -215,10 +229,31 @@ class MemmapLoader(Loader):
         np.take(self._images_np, indices.numpy(), axis=0, out=rows.numpy(), mode="clip")
         # Train rows are stored channels-last: this is an NCHW view of them, not a copy.
         images = rows.permute(0, 3, 1, 2) if self.policy.channels_last else rows
-        if not self.spec.train:
+        if not self.spec.train and self.spec.device.type != "cuda":
             return _Gathered(images, labels)
-        # Cropped on the device: the whole rows travel, with their boxes.
-        return _Gathered(images, labels, *self._train_boxes(epoch, indices))
+        # Cropped on the device: the whole rows travel, and this thread crops them there.
+        boxes, flips = self._train_boxes(epoch, indices) if self.spec.train else (None, None)
+        return self._finish_on_thread_stream(images, labels, boxes, flips)
+
+    def _finish_on_thread_stream(
+        self,
+        images: torch.Tensor,
+        labels: torch.Tensor,
+        boxes: torch.Tensor | None,
+        flips: torch.Tensor | None,
+    ) -> _Gathered:
+        """Gathered rows copied to the device and (train) cropped there, by this reading
+        thread on its own stream: the whole batch in a few kernels on CUDA."""
+        device, size = self.spec.device, self.spec.image_size
+        with self._threads.on_stream():
+            on_device = self._gather_pool.to_device(images, device)
+            labels = self._label_pool.to_device(labels, device)
+            if boxes is not None and device.type == "cuda":
+                on_device = crop_resize_flip_sampled(on_device, boxes, size, flips)
+            elif boxes is not None:  # elsewhere (and the tests' forced CPU path): per image
+                out = torch.empty((len(images), 3, size, size), dtype=torch.uint8, device=device)
+                on_device = crop_resize_flip_batch(on_device, boxes, size, flips, out)
+            return _Gathered(on_device, labels, self._threads.ready())
 
     def _train_boxes(self, epoch: int, indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Boxes inside each image's stored size (the distribution of a crop of the original
@@ -245,9 +280,9 @@ class MemmapLoader(Loader):
             boxes, flips = self.spec.random_crops(
                 self._heights[indices], self._widths[indices], epoch, indices.tolist()
             )
-        if self._decode_on_device:  # the bytes only: decoded where the batch goes
+        if self._decode_on_device:  # decoded where the batch goes, by this thread's decoder
             encoded = [self._bytes[start:stop].clone() for start, stop in spans]
-            return _Gathered(None, labels, boxes, flips, encoded)
+            return self._decode_on_thread_stream(encoded, labels, boxes, flips)
         regions = _regions(boxes, len(spans))
         images = [
             decode_cpu(self._bytes[start:stop], region)
@@ -271,9 +306,15 @@ class MemmapLoader(Loader):
             return out
         return resized_crop_images(images, _within_box(boxes), self.spec.image_size, flips, out)
 
-    def _decode_batch_on_device(self, gathered: _Gathered) -> Batch:
-        """One batched nvJPEG call for the batch's bytes, its crops on the decoder's stream."""
-        assert gathered.encoded is not None and self._device_decoder is not None
+    def _decode_on_thread_stream(
+        self,
+        encoded: list[torch.Tensor],
+        labels: torch.Tensor,
+        boxes: torch.Tensor | None,
+        flips: torch.Tensor | None,
+    ) -> _Gathered:
+        """One batched call of this reading thread's decoder (nvJPEG on CUDA) for the batch's
+        bytes, its crops and the labels' copy on the thread's stream."""
         device, size = self.spec.device, self.spec.image_size
 
         def finish(decoded: list[Decoded]) -> torch.Tensor:
@@ -281,28 +322,22 @@ class MemmapLoader(Loader):
                 if isinstance(image, BaseException):
                     raise OSError(f"memmap cache {self.cache.path}: {image}") from image
             out = torch.empty((len(decoded), 3, size, size), dtype=torch.uint8, device=device)
-            return self._finish(decoded, gathered.boxes, gathered.flips, out)  # type: ignore[arg-type]
+            return self._finish(decoded, boxes, flips, out)  # type: ignore[arg-type]
 
-        regions = _regions(gathered.boxes, len(gathered.encoded))
-        images, ready = self._device_decoder.run(gathered.encoded, finish, regions)
-        hand_over(ready, images)
-        return Batch(images, self._label_pool.to_device(gathered.labels, device))
+        with self._threads.on_stream():
+            images, _ = self._threads.decoder().run(encoded, finish, _regions(boxes, len(encoded)))
+            labels = self._label_pool.to_device(labels, device)
+            return _Gathered(images, labels, self._threads.ready())
 
     def _deliver(self, gathered: _Gathered) -> Batch:
-        """Move a gathered batch to the device and finish it there (runs in the caller)."""
-        if gathered.encoded is not None:
-            return self._decode_batch_on_device(gathered)
-        assert gathered.images is not None
+        """A gathered batch on the device (runs in the caller): one finished on a reading
+        thread's stream is waited for there (no host wait); CPU rows are copied."""
+        hand_over(gathered.ready, gathered.images, gathered.labels)
+        add_counts(self._decoded_by, gathered.decoded_by)
         device = self.spec.device
         images = self._gather_pool.to_device(gathered.images, device)
         labels = self._label_pool.to_device(gathered.labels, device)
-        if gathered.boxes is None:
-            return Batch(images, labels)
-        size = self.spec.image_size
-        out = torch.empty((len(images), 3, size, size), dtype=torch.uint8, device=device)
-        return Batch(
-            crop_resize_flip_batch(images, gathered.boxes, size, gathered.flips, out), labels
-        )
+        return Batch(images, labels)
 
     def _account(self, indices: torch.Tensor) -> None:
         """Count, and name once, the files of a batch that the cache was built without (as
@@ -320,6 +355,7 @@ class MemmapLoader(Loader):
 
     def __iter__(self) -> Iterator[Batch]:
         batches = self.spec.epoch_batches(self.epoch, self.start_batch)
+        self.position = self.start_batch
         iterator = self._iterate(self.epoch, batches)
         self._live.add(iterator)
         return iterator
@@ -329,6 +365,7 @@ class MemmapLoader(Loader):
             for indices in batches:
                 gathered = self._gather(epoch, indices)
                 self._account(indices)
+                self.position += 1  # a batch of files the cache was built without: left out
                 if gathered is not None:
                     yield self._deliver(gathered)
             return
@@ -357,6 +394,7 @@ class MemmapLoader(Loader):
                 indices, future = pending.popleft()
                 gathered = future.result()
                 self._account(indices)
+                self.position += 1
                 submit()
                 if gathered is not None:
                     yield self._deliver(gathered)
@@ -382,8 +420,15 @@ class MemmapLoader(Loader):
             "cache_gb": self.stored_bytes() / 1e9,
             "bytes_per_image": self.stored_bytes() / max(1, len(self.spec.split)),
             **(self._jpeg_stats() if self._jpeg else {}),
+            **self._decoded_by_stats(),
             **self._buffer_stats(),
         }
+
+    def _decoded_by_stats(self) -> dict[str, Any]:
+        """A jpeg store's images by the library that decoded them, batch by batch; a raw
+        store's, as its build decoded them (absent for a cache built before it counted)."""
+        counts = self._decoded_by if self._jpeg else self.cache.meta.get("decoded_by")
+        return {} if counts is None else {"decoded_by": dict(counts)}
 
     def _jpeg_stats(self) -> dict[str, Any]:
         """The library that decodes the store, and whether it decodes train boxes alone."""

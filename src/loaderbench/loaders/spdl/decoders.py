@@ -66,6 +66,7 @@ from __future__ import annotations
 import abc
 import ctypes
 import functools
+import math
 import re
 import threading
 from collections.abc import Callable, Sequence
@@ -75,7 +76,7 @@ from typing import Any, ClassVar, NamedTuple
 import numpy as np
 import torch
 
-from loaderbench import decode
+from loaderbench import decode, decoded_by
 from loaderbench.buffers import BatchBuffers
 from loaderbench.decode import Box, Decoded, batch_decoder, decode_cpu, require_cuda
 from loaderbench.images import check_size, fast_jpeg, load_rgb
@@ -136,6 +137,8 @@ class DecodedBatch(NamedTuple):
     failures: list[Failure]  # files of this batch no decoder could read, left out of it
     # Made on a side stream: usable on another once this event has passed (jpeg.hand_over).
     ready: torch.cuda.Event | None = None
+    # The images of this batch by the library that decoded them (``loaderbench.decoded_by``).
+    decoded_by: dict[str, int] | None = None
 
 
 class ReadBatch(NamedTuple):
@@ -146,6 +149,7 @@ class ReadBatch(NamedTuple):
     staged: torch.Tensor  # uint8 (k, 3, size, size): the non-JPEG files, finished
     staged_labels: list[int]
     failures: list[Failure]
+    decoded_by: dict[str, int] | None = None  # the staged files', by library
 
 
 # ---------------------------------------------------------------------------------------------
@@ -178,14 +182,46 @@ def val_plan(height: int, width: int, size: int) -> Plan:
 
 def val_region_plan(height: int, width: int, size: int) -> Plan:
     """``val_plan``'s centre crop taken from the original image: its box there, resized to
-    ``size`` x ``size`` (the box's edges rounded to whole pixels)."""
+    ``size`` x ``size`` (the box's edges rounded to whole pixels; never empty: see
+    ``source_span`` for a side too thin to hold a whole source pixel of the crop)."""
     reference = val_plan(height, width, size)
     assert reference.crop is not None
     new_h, new_w = reference.resize
     top, left, _, _ = reference.crop
-    y0, y1 = round(top * height / new_h), round((top + size) * height / new_h)
-    x0, x1 = round(left * width / new_w), round((left + size) * width / new_w)
-    return Plan(box=(y0, x0, y1 - y0, x1 - x0), resize=(size, size))
+    y0, y1, resize_h, crop_top = source_span(top, size, height, new_h)
+    x0, x1, resize_w, crop_left = source_span(left, size, width, new_w)
+    crop = (crop_top, crop_left, size, size) if (resize_h, resize_w) != (size, size) else None
+    return Plan(box=(y0, x0, y1 - y0, x1 - x0), resize=(resize_h, resize_w), crop=crop)
+
+
+class Span(NamedTuple):
+    """One side of a val region: source pixels [lo, hi), resized to ``resized`` pixels, of
+    which the crop starts at ``offset``."""
+
+    lo: int
+    hi: int
+    resized: int
+    offset: int
+
+
+def source_span(start: int, size: int, source: int, resized: int) -> Span:
+    """The source pixels under the crop's pixels [start, start + size) of a side the reference
+    resizes from ``source`` to ``resized`` pixels, edges rounded to whole pixels, resized to
+    ``size``. Where that rounds to nothing (the crop spans less than a source pixel: the long
+    side of a 1 x 1000 image, which the reference upsamples 256-fold), the region would be
+    empty: it is then the two source pixels whose centres bracket the crop (those the
+    reference's bilinear upsampling blends there), resized at the reference's own scale and
+    cut where the reference cuts, so its pixels are the reference's."""
+    scale = source / resized
+    lo, hi = round(start * scale), round((start + size) * scale)
+    if hi > lo:
+        return Span(lo, hi, size, 0)
+    centre = (start + size / 2) * scale - 0.5  # in source pixel-centre coordinates
+    lo = min(max(math.floor(centre), 0), max(source - 2, 0))
+    hi = min(lo + 2, source)
+    length = max(round((hi - lo) / scale), size)
+    offset = min(max(round(start - lo / scale), 0), length - size)
+    return Span(lo, hi, length, offset)
 
 
 def train_plans(boxes: torch.Tensor, flips: torch.Tensor, size: int) -> list[Plan]:
@@ -508,6 +544,7 @@ class FFmpegDecoder(ImageDecoder):
             hwc = io.to_torch(io.convert_frames(frames))
         except Exception as error:  # no frame came out: a damaged stream
             raise OSError(f"FFmpeg decoded no frame ({_first_line(error)})") from error
+        decoded_by.note(self.name)
         return hwc.reshape(hwc.shape[-3:]).permute(2, 0, 1)
 
     def finish(self, opened: Opened, plan: Plan) -> torch.Tensor:

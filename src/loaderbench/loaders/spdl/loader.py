@@ -56,6 +56,8 @@ from spdl.pipeline import (
 
 from loaderbench.buffers import BatchBuffers
 from loaderbench.decode import hand_over
+from loaderbench.decoded_by import add as add_counts
+from loaderbench.decoded_by import counting
 from loaderbench.loaders.base import (
     Batch,
     Loader,
@@ -161,6 +163,7 @@ class SpdlLoader(Loader):
         self.decode_threads = max(1, spec.num_workers)
         self.recorder = PipelineStats()
         self._skipped: set[int] = set()  # each counted and logged once
+        self._decoded_by: dict[str, int] = {}  # the delivered batches' images, by library
         self._pipeline: Pipeline[DecodedBatch] | None = None
         self._executor: ThreadPoolExecutor | None = None
         self._pipeline_epoch = -1  # the epoch the running pipeline serves next
@@ -175,13 +178,27 @@ class SpdlLoader(Loader):
         one, and one spare."""
         return self.decode_threads + 2 + self.settings.ready_batches() + 3 + 1
 
+    def queue_depth(self) -> int:
+        """The batches alive at once but the main loop's and the spare (``_buffers_needed``):
+        in the decode stage, its queues and the sink, all decoded ahead of the loop."""
+        return self._buffers_needed() - 2
+
+    def queued_at_start(self) -> int:
+        """A persistent pipeline runs on into the next epoch as soon as one ends (through
+        validation): its queues may be full when that epoch is iterated."""
+        return self.queue_depth() if self._running_serves(self.epoch) else 0
+
     # -- building ------------------------------------------------------------------------------
 
     def _decode(self, samples: Sequence[Sample]) -> DecodedBatch:
-        return self.decoder.decode_batch(samples, self.buffers)
+        with counting() as counts:  # in the pool thread: the batch carries its counts
+            batch = self.decoder.decode_batch(samples, self.buffers)
+        return batch._replace(decoded_by=counts)
 
     def _to_device(self, batch: Any) -> DecodedBatch:
-        return self.decoder.to_device(batch, self.buffers)
+        with counting() as counts:  # nvjpeg decodes here
+            moved = self.decoder.to_device(batch, self.buffers)
+        return moved._replace(decoded_by=add_counts(dict(batch.decoded_by or {}), counts))
 
     def build_pipeline(self, epoch: int) -> Pipeline[DecodedBatch]:
         """A pipeline serving ``epoch`` and, when persistent, the epochs after it."""
@@ -215,11 +232,15 @@ class SpdlLoader(Loader):
             task_hook_factory=recording_hooks(self.recorder, interval),
         )
 
-    def _pipeline_for(self, epoch: int) -> Pipeline[DecodedBatch]:
-        """The running pipeline if it serves ``epoch`` next, else a new one, started."""
+    def _running_serves(self, epoch: int) -> bool:
+        """Whether the running pipeline serves ``epoch`` next (persistent, carried on)."""
         # Val batches do not depend on the epoch (no shuffle, no augmentation): any will do.
         running = self._pipeline is not None and not self.start_batch
-        if running and (self._pipeline_epoch == epoch or not self.spec.train):
+        return running and (self._pipeline_epoch == epoch or not self.spec.train)
+
+    def _pipeline_for(self, epoch: int) -> Pipeline[DecodedBatch]:
+        """The running pipeline if it serves ``epoch`` next, else a new one, started."""
+        if self._running_serves(epoch):
             return self._pipeline  # type: ignore[return-value]
         self.close()  # an earlier epoch left unfinished, or set_epoch jumped
         pipeline = self.build_pipeline(epoch)
@@ -267,11 +288,15 @@ class SpdlLoader(Loader):
 
     def __iter__(self) -> Iterator[Batch]:
         epoch = self.epoch
+        self.position = self.start_batch
         pipeline = self._pipeline_for(epoch)
         finished = False
         try:
+            # One item a batch of the order (``epoch_batches``), in order ("input").
             for batch in self._batches(pipeline, epoch):
                 self._account(batch.failures)
+                add_counts(self._decoded_by, batch.decoded_by)
+                self.position += 1
                 if len(batch.labels):
                     yield self._hand_over(batch)
             finished = True
@@ -294,6 +319,7 @@ class SpdlLoader(Loader):
             "spdl_decode_threads": self.decode_threads,
             "jpeg_backend": self.decoder.jpeg_backend(),
             "region_decode": self.decoder.decodes_regions(),
+            "decoded_by": dict(self._decoded_by),
             **self.buffers.stats(),
             **self.recorder.summary(),
         }

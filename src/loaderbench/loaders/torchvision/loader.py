@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import signal
 from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 import torch
 from PIL import Image
@@ -22,6 +23,8 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 from torchvision.transforms.v2 import functional as TF
 
 from loaderbench.data import Split
+from loaderbench.decoded_by import add as add_counts
+from loaderbench.decoded_by import counting
 from loaderbench.images import load_rgb
 from loaderbench.loaders.base import (
     Batch,
@@ -98,18 +101,35 @@ class ImageFileDataset(Dataset):
             return None, (index, f"{type(error).__name__}: {error}")
         return self.transform(image, index, epoch), self.split.labels[index]
 
+    def __getitems__(self, keys: Sequence[int | tuple[int, int]]) -> CountedItems:
+        """A batch's items (DataLoader's fetcher calls this in the worker), with the images
+        counted by the library that decoded them, for ``collate_skipping`` to send back."""
+        with counting() as counts:
+            items = CountedItems(self[key] for key in keys)
+        items.decoded_by = counts
+        return items
+
+
+class CountedItems(list):
+    """A batch's items and how many images each library decoded (``loaderbench.decoded_by``)."""
+
+    decoded_by: dict[str, int] | None = None
+
 
 def collate_skipping(
     items: Sequence[tuple[torch.Tensor, int] | tuple[None, tuple[int, str]]],
-) -> tuple[torch.Tensor, torch.Tensor, list[tuple[int, str]]]:
-    """Stack the readable items; (index, error) of unreadable ones travel with the batch."""
+) -> tuple[torch.Tensor, torch.Tensor, list[tuple[int, str]], dict[str, int]]:
+    """Stack the readable items; (index, error) of unreadable ones, and the images by the
+    library that decoded them, travel with the batch (from the worker process)."""
     good = [(image, label) for image, label in items if image is not None]
     failed = [failure for image, failure in items if image is None]
+    counts = dict(getattr(items, "decoded_by", None) or {})
     if not good:
-        return torch.empty(0, dtype=torch.uint8), torch.empty(0, dtype=torch.int64), failed
+        empty = torch.empty(0, dtype=torch.uint8), torch.empty(0, dtype=torch.int64)
+        return *empty, failed, counts
     images = torch.stack([image for image, _ in good])
     labels = torch.tensor([label for _, label in good], dtype=torch.int64)
-    return images, labels, failed
+    return images, labels, failed, counts
 
 
 class EpochSampler(Sampler[tuple[int, int]]):
@@ -158,16 +178,27 @@ class TorchvisionLoader(Loader):
             generator=torch.Generator().manual_seed(spec.seed * 1_000 + spec.rank),
         )
         self._skipped: set[int] = set()
+        self._decoded_by: dict[str, int] = {}  # the delivered batches' images, by library
 
     def set_epoch(self, epoch: int, start_batch: int = 0) -> None:
         super().set_epoch(epoch, start_batch)
         self.sampler.set_epoch(epoch, start_batch)
 
+    def queue_depth(self) -> int:
+        """Every worker's ``prefetch_factor`` batches are asked for at once (at each epoch's
+        start, persistent workers or not), so that many can be decoded ahead of the loop."""
+        workers = self.dataloader.num_workers
+        return workers * int(self.dataloader.prefetch_factor or 1) if workers else 0
+
     def __iter__(self) -> Iterator[Batch]:
         non_blocking = self.spec.use_pinned_memory
+        self.position = self.start_batch
         try:
-            for images, labels, failed in self.dataloader:
+            # One item a batch of the order (the sampler cuts it to whole batches).
+            for images, labels, failed, counts in self.dataloader:
                 self._account(failed)
+                add_counts(self._decoded_by, counts)
+                self.position += 1
                 if len(labels):
                     yield to_device(Batch(images, labels), self.spec.device, non_blocking)
         except RuntimeError as error:
@@ -199,6 +230,9 @@ class TorchvisionLoader(Loader):
 
     def skipped_indices(self) -> frozenset[int]:
         return frozenset(self._skipped)
+
+    def stats(self) -> dict[str, Any]:
+        return {**super().stats(), "decoded_by": dict(self._decoded_by)}
 
     def close(self) -> None:
         # Persistent workers live as long as the iterator; dropping it shuts them down.

@@ -1,0 +1,221 @@
+"""One rung of ``loader.num_workers=auto``'s probe: a worker count's loader built, run past
+its head start, measured over a window, closed; and that count's figures over the ranks.
+
+A rung's window opens only once the loader's head start is consumed: the workers' first round
+(it arrives together, after their start-up) and then every batch the loader could have had
+ready before the loop asked for it (``head_start``). Batches decoded while the loop was busy
+elsewhere (the model's first, slower steps) and served from a full queue would otherwise count
+in the window at the loop's speed, not the workers', and a count with a deeper queue (more
+workers) would look faster than it is.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from loaderbench import distributed
+from loaderbench.loaders import Batch, Loader, LoaderSpec, build_loader
+from loaderbench.meters import LoopMeter, ProcessTreeMonitor
+from loaderbench.runtime import synchronizer
+
+# The first epoch the probe reads: far from any run's, so the run's own epochs (their order and
+# crops come from (seed, epoch)) are never the probe's.
+PROBE_EPOCH = 10**6
+# Each count's window holds whole rounds of its workers, at least this many.
+MIN_ROUNDS = 2
+# Batches a pipeline may hold ready beyond ``loader.prefetch``, in the stages between its
+# workers and the loop: SPDL's ordered decode stage keeps up to two decoded beyond its threads,
+# and the queues after it (to the device stage, to the sink) one each
+# (``loaders.spdl.loader.SpdlLoader._buffers_needed``); DataLoader's pinning thread one.
+STAGE_BATCHES = 4
+
+
+@dataclass(frozen=True)
+class ProbeRow:
+    """One worker count's figures, over its measured window (every rank's, under DDP)."""
+
+    workers: int
+    images_per_s: float
+    data_wait_frac: float
+    cpu_s_per_1k_images: float | None
+    images: int  # measured
+    batches: int  # measured
+    seconds: float  # the whole rung: loader built, run past its head start, measured, closed
+    windows: int = 1  # 2: measured again and pooled (``pooled``)
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @property
+    def measured_s(self) -> float:
+        return self.images / self.images_per_s if self.images_per_s > 0 else 0.0
+
+
+def pooled(first: ProbeRow, second: ProbeRow) -> ProbeRow:
+    """One count's two windows as one: images over the seconds both took, data wait weighted
+    by those seconds, CPU by the images."""
+    images = first.images + second.images
+    seconds = first.measured_s + second.measured_s
+    wait = (
+        (first.data_wait_frac * first.measured_s + second.data_wait_frac * second.measured_s)
+        / seconds
+        if seconds
+        else max(first.data_wait_frac, second.data_wait_frac)
+    )
+    cpu = [
+        row.cpu_s_per_1k_images * row.images
+        for row in (first, second)
+        if row.cpu_s_per_1k_images is not None
+    ]
+    return ProbeRow(
+        workers=first.workers,
+        images_per_s=images / seconds if seconds else 0.0,
+        data_wait_frac=wait,
+        cpu_s_per_1k_images=sum(cpu) / images if cpu and images else None,
+        images=images,
+        batches=first.batches + second.batches,
+        seconds=first.seconds + second.seconds,
+        windows=first.windows + second.windows,
+    )
+
+
+def with_workers(spec: LoaderSpec, workers: int) -> LoaderSpec:
+    return dataclasses.replace(
+        spec, settings=dataclasses.replace(spec.settings, num_workers=workers)
+    )
+
+
+def probe_batches(loader: Loader, done: Callable[[], bool]) -> Iterator[Batch]:
+    """The loader's batches over probe epochs ``PROBE_EPOCH``, +1, ... (a small split runs
+    out), until ``done()``, asked before each batch is pulled (so the window's last interval
+    holds no batch it did not use). Iterators are left to ``loader.close()``: shutting a
+    pool down here would land in the measured window."""
+    epoch = PROBE_EPOCH
+    while True:
+        loader.set_epoch(epoch)
+        batches, pulled = iter(loader), 0
+        while not done():
+            batch = next(batches, None)
+            if batch is None:
+                break
+            pulled += 1
+            yield batch
+        else:
+            return
+        if not pulled:  # an epoch of nothing (every file unreadable): no rate to measure
+            return
+        epoch += 1
+
+
+@dataclass(frozen=True)
+class Window:
+    """How long each count is measured, after its head start (``measure_rung``)."""
+
+    seconds: float
+    min_batches: int
+    deadline: float  # perf_counter time past which a window ends as soon as it may
+
+    def batches_for(self, workers: int) -> int:
+        return max(self.min_batches, MIN_ROUNDS * workers)
+
+
+def head_start(spec: LoaderSpec) -> int:
+    """The most batches a loader of ``spec`` may have ready before the loop asks for them:
+    ``loader.prefetch`` in all, at least one per worker, in whole per-worker shares
+    (DataLoader's ``prefetch_factor``), and the few its later stages hold (``STAGE_BATCHES``)."""
+    workers = max(1, spec.num_workers)
+    return workers * -(-spec.prefetch // workers) + STAGE_BATCHES
+
+
+def measure_rung(
+    spec: LoaderSpec,
+    step: Callable[[Batch], None] | None,
+    window: Window,
+    monitor: ProcessTreeMonitor,
+) -> ProbeRow:
+    """Build ``spec``'s loader, run the loop on it past its head start, measure a window,
+    close it.
+
+    Not measured: the first ``workers + 1`` batches (worker start-up, the model's first steps:
+    the first round of the workers arrives together, so it is not the steady rate), then
+    ``head_start(spec)`` more. Whatever the loader held ready when its first round was taken
+    is among those (batches come in order), so every batch in the window was made while the
+    window was open or while the loop, at its steady pace, kept the queue as full as it finds
+    it at the end. The window then holds at least ``window.seconds`` and
+    ``window.batches_for(workers)`` batches, and ends on a whole round of the workers (its
+    batches a multiple of the count): each worker makes whole batches, and workers started
+    together keep delivering them in bursts of ``workers`` batches, so a window cut inside a
+    burst could be off by up to a burst; one of whole rounds is not, whatever the workers'
+    phases.
+    """
+    started = time.perf_counter()
+    workers = spec.num_workers
+    skip = workers + 1 + head_start(spec)
+    need = window.batches_for(workers)
+    sync = synchronizer(spec.device)
+    # The meter drains the device where the window opens (after ``skip`` batches) and closes.
+    meter = LoopMeter(warmup_batches=skip, window_sync=sync)
+    cpu_start: float | None = None
+
+    def done() -> bool:
+        nonlocal cpu_start
+        measured = meter.batches - skip
+        if measured == 0 and cpu_start is None:
+            cpu_start = monitor.snapshot()  # the window opens (the meter drained the device)
+        if measured < need or measured % max(1, workers):
+            return False
+        elapsed = sum(meter.intervals[skip:])
+        return elapsed >= window.seconds or time.perf_counter() >= window.deadline
+
+    loader = build_loader(spec)
+    try:
+        for batch in meter.iterate(probe_batches(loader, done)):
+            if step is not None:
+                step(batch)
+        cpu_s = monitor.snapshot() - cpu_start if cpu_start is not None else 0.0
+    finally:
+        loader.close()
+    return window_row(meter, skip, cpu_s, time.perf_counter() - started, workers)
+
+
+def window_row(meter: LoopMeter, skip: int, cpu_s: float, seconds: float, workers: int) -> ProbeRow:
+    """The figures of the meter's batches from ``skip`` on (none measured: rate 0, wait 1).
+    Computed here from the meter's records, not by ``LoopMeter.summary``, whose own warm-up
+    rules are the main loop's."""
+    measured = max(meter.batches - skip, 0)
+    images = sum(meter.sizes[skip : meter.batches]) if measured else 0
+    loop_s = sum(meter.intervals[skip:]) if measured else 0.0
+    waited = sum(meter.waits[skip : meter.batches]) if measured else 0.0
+    return ProbeRow(
+        workers=workers,
+        images_per_s=images / loop_s if loop_s > 0 else 0.0,
+        data_wait_frac=min(1.0, waited / loop_s) if loop_s > 0 else 1.0,
+        cpu_s_per_1k_images=1000 * cpu_s / images if images else None,
+        images=images,
+        batches=measured,
+        seconds=seconds,
+    )
+
+
+def over_ranks(row: ProbeRow) -> ProbeRow:
+    """A count's figures over every rank: images/s, images and CPU summed (the job's), data
+    wait and seconds the largest (the rank every other waits for)."""
+    cpu_s = (row.cpu_s_per_1k_images or 0.0) * row.images / 1000
+    rate, images, batches, cpu = distributed.all_reduce(
+        [row.images_per_s, row.images, row.batches, cpu_s]
+    )
+    wait, seconds = distributed.all_reduce([row.data_wait_frac, row.seconds], op="max")
+    return ProbeRow(
+        row.workers,
+        rate,
+        wait,
+        1000 * cpu / images if images else None,
+        int(images),
+        int(batches),
+        seconds,
+        row.windows,
+    )

@@ -1,0 +1,240 @@
+"""What decoded every image (issue 29, B10 and B11): every loader's ``decoded_by`` sums to the
+images it delivered, a fallback to Pillow is counted (and above 1% said in the log), the
+nvImageCodec decoders get the options that let nvJPEG decode regions, and the backend probe
+refuses a backend whose region decode comes back empty."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from loaderbench import decode, decoded_by
+from loaderbench.decode import NvImageCodecBackend, PilBackend
+from loaderbench.loaders import build_loader
+from tests.conftest import cpu_spec, folder_index, run_entry, single_run
+
+CPU = torch.device("cpu")
+HAS_CUDA = torch.cuda.is_available()
+PLAIN = 6  # plain RGB JPEGs per split
+ODD = ("png_named.JPEG", "cmyk.JPEG")  # readable, but Pillow's to decode in every loader
+BROKEN = ("truncated.JPEG", "text.JPEG")
+READERS = [
+    ("torchvision", {}),
+    ("memmap", {"store": "raw"}),
+    ("memmap", {"store": "jpeg", "val_store": "jpeg"}),
+    ("spdl", {"decoder": "turbo"}),
+    ("spdl", {"decoder": "ffmpeg"}),
+]
+
+
+def _photo(seed: int, size: tuple[int, int] = (64, 48)) -> Image.Image:
+    rng = np.random.default_rng(seed)
+    yy, xx = np.mgrid[0 : size[1], 0 : size[0]]
+    base = np.stack([(xx * 4) % 256, (yy * 5) % 256, (xx + yy) % 256], axis=-1)
+    return Image.fromarray(np.clip(base + rng.integers(-20, 20, base.shape), 0, 255).astype("u1"))
+
+
+@pytest.fixture(scope="module")
+def mixed_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Train and val: plain JPEGs, a PNG named .JPEG, a CMYK JPEG and two unreadable files."""
+    root = tmp_path_factory.mktemp("decoded_by")
+    for split in ("train", "val"):
+        folder = root / split / "n00000001"
+        folder.mkdir(parents=True)
+        for i in range(PLAIN):
+            _photo(i).save(folder / f"plain_{i}.JPEG", quality=90)
+        _photo(10).save(folder / "png_named.JPEG", format="PNG")
+        _photo(11).convert("CMYK").save(folder / "cmyk.JPEG", quality=90)
+        buffer = io.BytesIO()
+        _photo(12).save(buffer, format="JPEG", quality=90)
+        (folder / "truncated.JPEG").write_bytes(buffer.getvalue()[: len(buffer.getvalue()) // 3])
+        (folder / "text.JPEG").write_text("not an image\n")
+    return root
+
+
+def read_split(
+    root: Path, train: bool, loader: str, options: dict[str, Any], tmp_path: Path
+) -> tuple[int, dict[str, Any]]:
+    """Images delivered over two epochs and the loader's stats, worker processes or threads
+    decoding (num_workers=2)."""
+    split = folder_index(root).train if train else folder_index(root).val
+    cache = {"cache_dir": str(tmp_path / "cache")} if loader == "memmap" else {}
+    spec = cpu_spec(
+        split, train, loader=loader, image_size=32, batch_size=3, num_workers=2, **cache, **options
+    )
+    delivered = 0
+    with build_loader(spec) as built:
+        for epoch in range(2):
+            built.set_epoch(epoch)
+            delivered += sum(len(batch.labels) for batch in built)
+        stats = built.stats()
+    return delivered, stats
+
+
+@pytest.mark.parametrize("train", [False, True], ids=["val", "train"])
+@pytest.mark.parametrize(("loader", "options"), READERS)
+def test_decoded_by_sums_to_the_images_decoded(
+    mixed_root: Path, loader: str, options: dict[str, Any], train: bool, tmp_path: Path
+) -> None:
+    delivered, stats = read_split(mixed_root, train, loader, options, tmp_path)
+    counts = stats["decoded_by"]
+    assert stats["skipped_files"] == len(BROKEN)
+    readable = PLAIN + len(ODD)
+    if loader == "memmap" and stats["cache_store"] == "raw":  # val's store is raw by default
+        # Decoded once, by the build (Pillow), and served from the cache in every epoch.
+        assert counts == {"pil": readable}
+        return
+    assert sum(counts.values()) == delivered > 0, counts
+    if loader == "torchvision":
+        assert set(counts) == {"pil"}
+    elif loader == "memmap":  # every stored image re-encoded as a plain RGB JPEG
+        assert set(counts) == {decode.backend("cpu")}
+    else:
+        # The PNG and the CMYK JPEG are Pillow's in every loader: a fallback, counted.
+        primary = stats["jpeg_backend"]
+        assert primary == ("ffmpeg" if options["decoder"] == "ffmpeg" else decode.backend("cpu"))
+        assert counts["pil"] > 0 and counts[primary] > counts["pil"]
+        assert set(counts) == {"pil", primary}
+
+
+def test_a_fallback_over_one_percent_is_a_warning_naming_the_library() -> None:
+    warning = decoded_by.fallback_warning("val", {"nvimgcodec": 95, "pil": 5}, "nvimgcodec")
+    assert warning is not None and "pil 5 (5.0%)" in warning and "nvimgcodec" in warning
+    assert decoded_by.fallback_warning("val", {"nvimgcodec": 99, "pil": 1}, "nvimgcodec") is None
+    assert decoded_by.fallback_warning("val", {"pil": 40}, "pil") is None
+    assert decoded_by.fallback_warning("val", {}, "nvimgcodec") is None
+
+
+def test_counts_stay_in_their_scope() -> None:
+    data = torch.frombuffer(bytearray(_jpeg(_photo(0))), dtype=torch.uint8)
+    decode.decode_cpu(data)  # outside any scope: counted nowhere, no error
+    with decoded_by.counting() as outer:
+        with decoded_by.counting() as inner:
+            decode.decode_cpu(data)
+        with decoded_by.not_counted():
+            decode.decode_cpu(data)
+    assert inner == {decode.backend("cpu"): 1}
+    assert outer == inner
+
+
+def test_eval_reports_decoded_by_and_warns_of_the_fallback(
+    mixed_root: Path, tmp_path: Path
+) -> None:
+    """eval.py with spdl turbo: 2 of 8 readable val images (PNG, CMYK) decoded by Pillow, over
+    the 1% line; metrics.json and the W&B summary keep the counts."""
+    proc = run_entry(
+        "eval.py",
+        "model=none",
+        "loader=spdl",
+        f"dataset.root={mixed_root}",
+        "loader.batch_size=4",
+        "loader.num_workers=1",
+        "image_size=32",
+        cwd=tmp_path,
+    )
+    run_dir, metrics = single_run(tmp_path, "eval")
+    counts = metrics["loader_val_decoded_by"]
+    assert sum(counts.values()) == metrics["images"] == PLAIN + len(ODD)
+    assert counts["pil"] == len(ODD)
+    log = proc.stderr + proc.stdout
+    assert "fell back to pil 2 (25.0%)" in log, log[-3000:]
+    from tests.wandb_offline import offline_runs
+
+    (wandb_run,) = offline_runs(run_dir)
+    assert wandb_run.summary["loader_val_decoded_by"] == counts
+    json.dumps(counts)  # plain JSON in metrics.json
+
+
+def _jpeg(image: Image.Image, subsampling: int = 2) -> bytes:
+    buffer = io.BytesIO()
+    image.save(buffer, "JPEG", quality=90, subsampling=subsampling)  # 2: 4:2:0
+    return buffer.getvalue()
+
+
+# ---------------------------------------------------------------------------------------------
+# B10: nvImageCodec's options, and a probe that sees a refused region.
+
+
+def test_the_nvjpeg_decoders_are_asked_for_regions_with_fancy_upsampling() -> None:
+    cuda = decode.nvimgcodec_options("cuda").split()
+    # docs.nvidia.com/cuda/nvimagecodec/codec_options.html: ":<option>=<value>" for any decoder,
+    # "<decoder_id>:<option>=<value>" for one; the ids and the option as nvImageCodec 0.9
+    # names them (libnvjpeg_ext.so).
+    assert ":fancy_upsampling=1" in cuda
+    assert "nvjpeg_cuda_decoder:enable_roi_fancy_upsampling=1" in cuda
+    assert "nvjpeg_hw_decoder:enable_roi_fancy_upsampling=1" in cuda
+    assert decode.nvimgcodec_options("cpu") == ":fancy_upsampling=1"  # libjpeg's = Pillow's
+
+
+class RegionRefusing(NvImageCodecBackend):
+    """The real nvImageCodec (on the CPU here) answering as nvJPEG older than 13.2 does without
+    ``enable_roi_fancy_upsampling``: no image (None) for a region of a 4:2:0 or 4:2:2 JPEG."""
+
+    name = "region_refusing"
+
+    def _run(self, streams: list[Any], device: torch.device) -> list[Any]:
+        nv = self._module
+        chroma = (nv.ChromaSubsampling.CSS_420, nv.ChromaSubsampling.CSS_422)
+        images = super()._run(streams, device)
+        return [
+            None if stream.view is not None and stream.chroma_subsampling in chroma else image
+            for stream, image in zip(streams, images, strict=True)
+        ]
+
+
+def test_a_region_decode_that_comes_back_empty_fails_the_probe(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    refusing = RegionRefusing()
+    refusing.load()
+    # Its region decodes fall back to Pillow: the right shape, so only the count tells.
+    data = torch.frombuffer(bytearray(_jpeg(_photo(1))), dtype=torch.uint8)
+    with decoded_by.counting() as counts:
+        images = refusing.decode([data, data], CPU, [None, (8, 8, 16, 16)])
+    assert [tuple(i.shape) for i in images] == [(3, 48, 64), (3, 16, 16)]
+    assert counts == {"region_refusing": 1, "pil": 1}
+    with caplog.at_level("WARNING", logger="loaderbench.decode"):
+        name = decode.choose("cpu", {"region_refusing": refusing, "pil": PilBackend()})
+    assert name == "pil"
+    assert "region_refusing does not work here" in caplog.text
+    assert "fell back to pil" in caplog.text
+    # The real backend, with its options, still passes on the CPU.
+    assert decode.choose("cpu", {"nvimgcodec": NvImageCodecBackend()}) == "nvimgcodec"
+
+
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device (nvJPEG)")
+def test_nvjpeg_decodes_regions_of_subsampled_jpegs_itself() -> None:
+    """On the GPU, with the options: a region of a 4:2:0 and of a 4:2:2 JPEG decoded by
+    nvImageCodec, not handed to Pillow; the probe picks nvImageCodec."""
+    device = torch.device("cuda", torch.cuda.current_device())
+    assert decode.backend(device) == "nvimgcodec"
+    for subsampling in (2, 1):  # 4:2:0, 4:2:2
+        data = torch.frombuffer(bytearray(_jpeg(_photo(2), subsampling)), dtype=torch.uint8)
+        with decoded_by.counting() as counts:
+            (image,) = decode.decode_batch([data], device, [(8, 8, 16, 24)])
+        assert not isinstance(image, BaseException) and tuple(image.shape) == (3, 16, 24)
+        assert image.is_cuda and counts == {"nvimgcodec": 1}, counts
+        reference = decode.decode_pil(data, (8, 8, 16, 24)).to(device)
+        # Fancy upsampling, as Pillow's; the box's outermost pixel's chroma may differ.
+        inner = (image.int() - reference.int())[:, 1:-1, 1:-1].abs()
+        assert inner.float().mean() <= 2.0
+
+
+def test_sweep_summaries_and_the_report_say_what_decoded() -> None:
+    from loaderbench.bench.report import _row_note
+    from loaderbench.sweeps import SUMMARY_METRICS
+
+    metrics = {"loader_val_decoded_by": {"pil": 2, "nvimgcodec": 6}}
+    assert decoded_by.summary_text(metrics) == "val: nvimgcodec 6, pil 2"
+    assert decoded_by.summary_text({"images": 3}) is None
+    assert "decoded_by" in SUMMARY_METRICS  # a summary.csv column
+    run = {"status": "ok", "decoded_by": "val: nvimgcodec 6, pil 2"}
+    assert _row_note(run) == "decoded by val: nvimgcodec 6, pil 2"
+    assert _row_note({"status": "failed", "error": "boom"}) == "failed: boom"

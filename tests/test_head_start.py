@@ -1,0 +1,158 @@
+"""A loader's head start is not throughput: the batches it decodes ahead of the loop while the
+loop is not measuring (its start, the warm-up steps) do not count in ``images_per_s``; the
+end-to-end rate is reported beside it (issue 29, A9)."""
+
+from __future__ import annotations
+
+import multiprocessing
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from loaderbench.loaders import build_loader
+from loaderbench.meters import LoopMeter, head_start, loop_metrics
+from tests.conftest import cpu_spec, folder_index
+
+ITEM_S = 0.01  # one image's decode
+BATCH = 2
+BATCHES = 20  # an epoch
+STEP_S = 0.005  # the model's step: faster than the loader (2 x 10 ms a batch)
+STEADY = BATCH / (BATCH * ITEM_S)  # the loader's steady rate, images/s: what the loop can get
+
+
+class OneCoreDataset(Dataset):
+    """Images that take ``ITEM_S`` each to decode, one at a time over every worker (a lock the
+    worker processes share): many workers on one core, as 32 workers are on 2 cores."""
+
+    def __init__(self, lock: multiprocessing.synchronize.Lock) -> None:
+        self.lock = lock
+
+    def __len__(self) -> int:
+        return BATCH * BATCHES
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        with self.lock:
+            time.sleep(ITEM_S)
+        return torch.zeros(3, 4, 4), index
+
+
+@pytest.mark.filterwarnings("ignore:This DataLoader will create")
+@pytest.mark.parametrize("epochs", [1, 2])
+def test_a_deep_queue_over_a_slow_decode_is_not_measured_faster_than_its_steady_state(
+    epochs: int,
+) -> None:
+    """8 workers x prefetch 4 = 32 batches asked for at once, more than the epoch's 20: the
+    whole epoch is decoded while the loop waits for its first batch. A window opened after the
+    3 warm-up batches would see the rest arrive at the model's speed (about 1.4x the loader's
+    here); the loop cannot go faster than the loader's one core."""
+    context = multiprocessing.get_context("fork")
+    loader = DataLoader(
+        OneCoreDataset(context.Lock()),
+        batch_size=BATCH,
+        num_workers=8,
+        prefetch_factor=4,
+        persistent_workers=True,
+        multiprocessing_context=context,
+    )
+    assert head_start(loader) == (32, 0)
+    meter = LoopMeter(warmup_batches=3)
+    for _ in range(epochs):
+        for _ in meter.iterate(loader):
+            time.sleep(STEP_S)
+    metrics = loop_metrics(meter, cpu_s=0.0)
+    assert metrics["images"] == epochs * BATCH * BATCHES
+    rate, end_to_end = metrics["images_per_s"], metrics["images_per_s_end_to_end"]
+    # Not faster than the loader can decode (a loaded machine only makes it slower).
+    assert rate <= 1.1 * STEADY, (rate, STEADY)
+    assert end_to_end <= rate * 1.0001
+    # Within tolerance of it: the first epoch has no batch to measure (steady_batches 0), so
+    # the window is the second epoch, whose first batch's wait is the decode of the epoch.
+    if epochs == 2:
+        assert metrics["steady_batches"] == BATCHES
+        assert rate >= 0.5 * STEADY, (rate, STEADY)
+    else:
+        assert metrics["steady_batches"] == 0 and rate == pytest.approx(end_to_end)
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class QueuedLoader:
+    """Batches that arrive after ``waits`` seconds each, from a loader that says how deep its
+    queue is (the project's loaders' interface)."""
+
+    def __init__(self, clock: FakeClock, waits: list[float], depth: int, ready: int = 0) -> None:
+        self.clock, self.waits, self.depth, self.ready = clock, waits, depth, ready
+
+    def queue_depth(self) -> int:
+        return self.depth
+
+    def queued_at_start(self) -> int:
+        return self.ready
+
+    def __iter__(self):
+        for wait in self.waits:
+            self.clock.now += wait
+            yield torch.zeros(4, 3, 2, 2), torch.zeros(4, dtype=torch.int64)
+
+
+def test_the_window_opens_after_the_warm_up_and_the_head_start() -> None:
+    clock = FakeClock()
+    edges: list[int] = []
+    meter = LoopMeter(2, clock=clock, window_sync=lambda: edges.append(meter.batches))
+    # 4 batches queued: the first arrives after 8 s, the next 4 at once (decoded meanwhile),
+    # then one a second: the loader's steady rate is 4 images/s, the step takes 0.5 s.
+    waits = [8.0, 0.0, 0.0, 0.0, 0.0] + [0.5] * 6
+    for _ in meter.iterate(QueuedLoader(clock, waits, depth=4)):
+        clock.now += 0.5
+    assert edges == [5, 11]  # opened after 2 + 4 batches; closed at the end
+    assert meter.measured == [False] * 6 + [True] * 5
+    first = loop_metrics(meter, cpu_s=0.0)
+    assert first["images_per_s"] == pytest.approx(4.0) and first["steady_batches"] == 5
+    assert first["images_per_s_end_to_end"] == pytest.approx(44 / (8 + 11 * 0.5 + 6 * 0.5))
+    # A later epoch starts empty: measured from its first batch, its wait included...
+    since = meter.batches
+    for _ in meter.iterate(QueuedLoader(clock, [2.0, 0.5, 0.5], depth=4)):
+        clock.now += 0.5
+    assert meter.measured[since:] == [True] * 3
+    assert loop_metrics(meter, 0.0, since)["images_per_s"] == pytest.approx(12 / 4.5)
+    # ...unless the loader decoded it ahead (a persistent pipeline): those batches are skipped.
+    since = meter.batches
+    for _ in meter.iterate(QueuedLoader(clock, [0.0, 0.0, 0.5, 0.5], depth=4, ready=2)):
+        clock.now += 0.5
+    assert meter.measured[since:] == [False, False, True, True]
+
+
+def test_a_queue_deeper_than_the_run_reports_the_end_to_end_rate() -> None:
+    clock = FakeClock()
+    meter = LoopMeter(warmup_batches=1, clock=clock)
+    for _ in meter.iterate(QueuedLoader(clock, [6.0] + [0.0] * 5, depth=8)):
+        clock.now += 0.5  # 6 batches of 4 decoded during the first wait
+    metrics = loop_metrics(meter, cpu_s=0.0)
+    assert metrics["steady_batches"] == 0
+    assert metrics["images_per_s"] == pytest.approx(24 / 9.0)
+    assert metrics["images_per_s_end_to_end"] == pytest.approx(24 / 9.0)
+
+
+@pytest.mark.filterwarnings("ignore:This DataLoader will create")
+def test_the_loaders_say_how_deep_their_queue_is(tiny_root: Path, tmp_path: Path) -> None:
+    split = folder_index(tiny_root).train
+    cases = [
+        ("torchvision", {"num_workers": 32, "prefetch": 4}, 32),  # 32 x prefetch_factor 1
+        ("torchvision", {"num_workers": 2, "prefetch": 5}, 6),  # 2 x prefetch_factor 3
+        ("torchvision", {"num_workers": 0}, 0),
+        ("memmap", {"num_workers": 2, "prefetch": 6, "cache_dir": str(tmp_path)}, 6),
+        ("memmap", {"num_workers": 0, "cache_dir": str(tmp_path)}, 0),
+        ("spdl", {"num_workers": 3, "prefetch": 8}, 3 + 2 + 5 + 2),  # decode, sink, queues
+    ]
+    for name, settings, depth in cases:
+        with build_loader(cpu_spec(split, True, name, **settings)) as loader:
+            assert (loader.queue_depth(), loader.queued_at_start()) == (depth, 0), name
