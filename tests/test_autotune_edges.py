@@ -28,9 +28,9 @@ from loaderbench.autotune import (
     settle_num_workers,
     training_workload,
 )
-from loaderbench.autotune_rung import head_start
 from loaderbench.data import discover
 from loaderbench.distributed import DistInfo
+from loaderbench.loaders import build_loader
 from loaderbench.loaders.settings import AutotuneSettings
 from loaderbench.meters import ProcessTreeMonitor
 from loaderbench.runtime import PRECISIONS
@@ -360,7 +360,8 @@ def test_a_deep_queue_is_not_measured_faster_than_its_steady_state(
     monkeypatch.setattr("loaderbench.loaders.torchvision.loader.load_rgb", sleeping(0.02))
     split = folder_index(small_root).train  # 40 batches an epoch: room for a full queue
     spec = cpu_spec(split, True, loader="torchvision", batch_size=4, prefetch=16)
-    assert head_start(spec) >= 16
+    with build_loader(spec) as built:
+        assert built.queue_depth() >= 16  # the head start the probe lets the loop consume
     step = ModelStep(SlowStart(slow_steps=2, slow_s=1.0), FP32, torch.device("cpu"), train=True)
     options = AutotuneSettings(window_s=0.5, min_batches=4)
     with ProcessTreeMonitor() as monitor:

@@ -23,7 +23,7 @@ from loaderbench.synthetic import SyntheticSpec, ensure_synthetic
 from tests.conftest import REPO, cpu_spec, folder_index, run_entry
 from tests.test_distributed import finish, start_torchrun, torchrun
 
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("resume_unreadable")]
+pytestmark = pytest.mark.slow
 
 LOADERS = ["torchvision", "memmap", "spdl"]
 # 24 train images: 6 batches an epoch; the second of epoch 1 (seed 0) all unreadable files.

@@ -3,7 +3,8 @@ its head start, measured over a window, closed; and that count's figures over th
 
 A rung's window opens only once the loader's head start is consumed: the workers' first round
 (it arrives together, after their start-up) and then every batch the loader could have had
-ready before the loop asked for it (``head_start``). Batches decoded while the loop was busy
+ready before the loop asked for it (the loader's own ``queue_depth()``, which the main loop's
+meter skips too). Batches decoded while the loop was busy
 elsewhere (the model's first, slower steps) and served from a full queue would otherwise count
 in the window at the loop's speed, not the workers', and a count with a deeper queue (more
 workers) would look faster than it is.
@@ -27,11 +28,6 @@ from loaderbench.runtime import synchronizer
 PROBE_EPOCH = 10**6
 # Each count's window holds whole rounds of its workers, at least this many.
 MIN_ROUNDS = 2
-# Batches a pipeline may hold ready beyond ``loader.prefetch``, in the stages between its
-# workers and the loop: SPDL's ordered decode stage keeps up to two decoded beyond its threads,
-# and the queues after it (to the device stage, to the sink) one each
-# (``loaders.spdl.loader.SpdlLoader._buffers_needed``); DataLoader's pinning thread one.
-STAGE_BATCHES = 4
 
 
 @dataclass(frozen=True)
@@ -123,14 +119,6 @@ class Window:
         return max(self.min_batches, MIN_ROUNDS * workers)
 
 
-def head_start(spec: LoaderSpec) -> int:
-    """The most batches a loader of ``spec`` may have ready before the loop asks for them:
-    ``loader.prefetch`` in all, at least one per worker, in whole per-worker shares
-    (DataLoader's ``prefetch_factor``), and the few its later stages hold (``STAGE_BATCHES``)."""
-    workers = max(1, spec.num_workers)
-    return workers * -(-spec.prefetch // workers) + STAGE_BATCHES
-
-
 def measure_rung(
     spec: LoaderSpec,
     step: Callable[[Batch], None] | None,
@@ -142,9 +130,9 @@ def measure_rung(
 
     Not measured: the first ``workers + 1`` batches (worker start-up, the model's first steps:
     the first round of the workers arrives together, so it is not the steady rate), then
-    ``head_start(spec)`` more. Whatever the loader held ready when its first round was taken
-    is among those (batches come in order), so every batch in the window was made while the
-    window was open or while the loop, at its steady pace, kept the queue as full as it finds
+    ``loader.queue_depth()`` more (its head start). Whatever the loader held ready when its
+    first round was taken is among those (batches come in order), so every batch in the window
+    was made while the window was open or while the loop, at its steady pace, kept the queue as full as it finds
     it at the end. The window then holds at least ``window.seconds`` and
     ``window.batches_for(workers)`` batches, and ends on a whole round of the workers (its
     batches a multiple of the count): each worker makes whole batches, and workers started
@@ -154,9 +142,10 @@ def measure_rung(
     """
     started = time.perf_counter()
     workers = spec.num_workers
-    skip = workers + 1 + head_start(spec)
     need = window.batches_for(workers)
     sync = synchronizer(spec.device)
+    loader = build_loader(spec)
+    skip = workers + 1 + loader.queue_depth()
     # The meter drains the device where the window opens (after ``skip`` batches) and closes.
     meter = LoopMeter(warmup_batches=skip, window_sync=sync)
     cpu_start: float | None = None
@@ -171,7 +160,6 @@ def measure_rung(
         elapsed = sum(meter.intervals[skip:])
         return elapsed >= window.seconds or time.perf_counter() >= window.deadline
 
-    loader = build_loader(spec)
     try:
         for batch in meter.iterate(probe_batches(loader, done)):
             if step is not None:
