@@ -132,8 +132,8 @@ def measure_rung(
     the first round of the workers arrives together, so it is not the steady rate), then
     ``loader.queue_depth()`` more (its head start). Whatever the loader held ready when its
     first round was taken is among those (batches come in order), so every batch in the window
-    was made while the window was open or while the loop, at its steady pace, kept the queue as full as it finds
-    it at the end. The window then holds at least ``window.seconds`` and
+    was made while the window was open or while the loop, at its steady pace, kept the queue as
+    full as it finds it at the end. The window then holds at least ``window.seconds`` and
     ``window.batches_for(workers)`` batches, and ends on a whole round of the workers (its
     batches a multiple of the count): each worker makes whole batches, and workers started
     together keep delivering them in bursts of ``workers`` batches, so a window cut inside a
