@@ -142,6 +142,44 @@ def test_a_queue_deeper_than_the_run_reports_the_end_to_end_rate() -> None:
     assert metrics["images_per_s_end_to_end"] == pytest.approx(24 / 9.0)
 
 
+def test_batches_made_before_the_window_and_served_after_it_are_not_counted() -> None:
+    """An epoch a few batches longer than warm-up + head start, wholly decoded while the loop
+    waited for its first batch (10 batches of 4, a queue of 4, a step of 0.1 s): past the head
+    start the loop still finds every batch ready, because the loader refilled the queue while
+    the loop took its early batches. Counting them would report the model's 40 images/s;
+    no batch of this loop was made inside a window, so the rate is the end-to-end one."""
+    clock = FakeClock()
+    meter = LoopMeter(2, clock=clock)
+    for _ in meter.iterate(QueuedLoader(clock, [8.0] + [0.0] * 9, depth=4)):
+        clock.now += 0.1
+    metrics = loop_metrics(meter, cpu_s=0.0)
+    assert metrics["steady_batches"] == 0
+    assert metrics["images_per_s"] == pytest.approx(40 / 9.0)
+
+
+def test_the_window_opens_where_the_loop_first_waits_past_the_head_start() -> None:
+    """Past the head start the loop takes 3 batches still ready (made before the window), then
+    waits 1 s for each: the loader's rate, 4 images/s, from the first batch it waited for."""
+    clock = FakeClock()
+    meter = LoopMeter(1, clock=clock)
+    waits = [5.0] + [0.0] * 6 + [1.0] * 8
+    for _ in meter.iterate(QueuedLoader(clock, waits, depth=3)):
+        clock.now += 0.01
+    assert meter.measured == [False] * 7 + [True] * 8
+    assert loop_metrics(meter, cpu_s=0.0)["images_per_s"] == pytest.approx(4 / 1.01)
+
+
+def test_a_loader_ahead_of_a_long_loop_keeps_its_window() -> None:
+    """A loader faster than the loop never lets it wait: over a window of many queue depths
+    the loop's own rate is the steady state (at most one queue depth made before it)."""
+    clock = FakeClock()
+    meter = LoopMeter(2, clock=clock)
+    for _ in meter.iterate(QueuedLoader(clock, [1.0] + [0.0] * 99, depth=4)):
+        clock.now += 0.1
+    assert meter.measured == [False] * 6 + [True] * 94
+    assert loop_metrics(meter, cpu_s=0.0)["images_per_s"] == pytest.approx(40.0)
+
+
 @pytest.mark.filterwarnings("ignore:This DataLoader will create")
 def test_the_loaders_say_how_deep_their_queue_is(tiny_root: Path, tmp_path: Path) -> None:
     split = folder_index(tiny_root).train

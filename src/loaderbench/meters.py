@@ -16,9 +16,13 @@ through the warm-up) the loader fills that queue; a window that opened right aft
 would then count those batches at the consumer's speed although their decoding happened before
 it opened. With a queue as deep as the epoch (32 workers on 31 batches) the whole epoch is
 decoded during start-up and the "steady state" is the model alone. So the window opens only once
-the head start is consumed: ``warmup_batches + queue_depth`` batches into the first loop. From
-there, a loader slower than the loop keeps no batch ready (its in-flight work is what it does
-inside the window), and one faster than the loop is not what the loop waits for. A later loop
+the head start is consumed: ``warmup_batches + queue_depth`` batches into the first loop, and
+no earlier than the first batch after that the loop had to wait for (the queue ran dry: every
+batch after it was made inside the window). The loader may have kept ahead while the loop took
+its early batches, and the loop's end drains the queue, so without that a first epoch a little
+longer than the head start still credits up to a queue of batches made before the window. A
+loop that never waits has a loader ahead of it throughout; its window counts where it spans
+``AHEAD_WINDOW_DEPTHS`` queue depths (at most a twentieth credited). A later loop
 (epoch) opens its window at once, its first batch's wait included, as the loader starts it
 empty; where a loader keeps working between loops (a persistent SPDL pipeline decodes the next
 epoch during validation: ``queued_at_start``) that loop skips those batches too. A queue deeper
@@ -44,6 +48,7 @@ forked workers count once); W&B's own service process is left out.
 from __future__ import annotations
 
 import os
+import statistics
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -56,6 +61,14 @@ from torch.utils.data import DataLoader
 from loaderbench.stopping import raise_if_stop_requested
 
 Sync = Callable[[], None]
+
+# The loop found the queue empty when it waited at least this share of a typical batch
+# interval (and at least the floor): taking a batch that was ready costs far less.
+EMPTY_QUEUE_SHARE = 0.25
+EMPTY_QUEUE_FLOOR_S = 2e-4
+# A first loop whose queue was never found empty opened with up to ``queue_depth`` batches
+# ready; its window counts only if it spans this many queue depths (at most 1/20 credited).
+AHEAD_WINDOW_DEPTHS = 20
 
 
 def _batch_size(batch: Any) -> int:
@@ -105,6 +118,8 @@ class LoopMeter:
         """Yield the loader's batches, timing each; one call per epoch."""
         clock, sync, edge = self.clock, self.sync, self.window_sync
         opens = self.window_opens_at(loader)
+        first_batch = len(self.intervals)
+        depth = head_start(loader)[0] if self.warmup_left is None else 0
         epoch_start = clock()
         iterator = iter(loader)
         setup = clock() - epoch_start
@@ -143,8 +158,30 @@ class LoopMeter:
             if edge is not None:
                 edge()
             self.intervals[-1] += clock() - tail_start
+        if depth > 0:
+            self._open_where_the_queue_ran_dry(first_batch + opens, depth)
         if isinstance(iterator, Iterator) and hasattr(iterator, "close"):
             iterator.close()  # a generator cut short by max_batches releases its resources now
+
+    def _open_where_the_queue_ran_dry(self, opened: int, depth: int) -> None:
+        """The first loop's window, settled once it has ended. Having consumed the head start
+        does not prove the queue was empty when the window opened: the workers may have kept
+        ahead of a loop that took their early batches at its own speed (a slow first step, a
+        burst of many workers finishing together), and the loop's end drains the queue, so up
+        to ``depth`` batches made before the window would count inside it. The window opens at
+        the first batch the loop had to wait for (the queue was empty: what follows was made
+        while the window was open). A loop that never waited (a loader ahead of the loop
+        throughout) keeps its window only where it spans ``AHEAD_WINDOW_DEPTHS`` queue depths."""
+        window = range(opened, len(self.intervals))
+        if not window:
+            return
+        typical = statistics.median(self.intervals[i] for i in window)
+        empty = max(EMPTY_QUEUE_FLOOR_S, EMPTY_QUEUE_SHARE * typical)
+        dry = next((i for i in window if self.waits[i] >= empty), None)
+        if dry is None and len(window) >= AHEAD_WINDOW_DEPTHS * depth:
+            return
+        for i in range(opened, window.stop if dry is None else dry):
+            self.measured[i] = False
 
     @property
     def images(self) -> int:
