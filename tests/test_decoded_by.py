@@ -87,9 +87,16 @@ def test_decoded_by_sums_to_the_images_decoded(
     counts = stats["decoded_by"]
     assert stats["skipped_files"] == len(BROKEN)
     readable = PLAIN + len(ODD)
+    if loader == "memmap":
+        # What made the store: the build decoded every readable source once, with Pillow.
+        assert stats["cache_decoded_by"] == {"pil": readable}
     if loader == "memmap" and stats["cache_store"] == "raw":  # val's store is raw by default
-        # Decoded once, by the build (Pillow), and served from the cache in every epoch.
-        assert counts == {"pil": readable}
+        # This run built the cache: the build's decodes are its own; a later run served from
+        # the same cache decodes nothing.
+        assert counts == {"pil": readable} and stats["cache_built"]
+        _, again = read_split(mixed_root, train, loader, options, tmp_path)
+        assert not again["cache_built"] and again["decoded_by"] == {}
+        assert again["cache_decoded_by"] == {"pil": readable}
         return
     assert sum(counts.values()) == delivered > 0, counts
     if loader == "torchvision":

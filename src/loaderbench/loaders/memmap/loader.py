@@ -425,10 +425,20 @@ class MemmapLoader(Loader):
         }
 
     def _decoded_by_stats(self) -> dict[str, Any]:
-        """A jpeg store's images by the library that decoded them, batch by batch; a raw
-        store's, as its build decoded them (absent for a cache built before it counted)."""
-        counts = self._decoded_by if self._jpeg else self.cache.meta.get("decoded_by")
-        return {} if counts is None else {"decoded_by": dict(counts)}
+        """``decoded_by``: the images this run decoded, by library: a jpeg store's batch by
+        batch; a raw store's, its build's where this run built the cache (a run served from
+        an earlier build decodes nothing). ``cache_decoded_by``: what made the stored pixels
+        or re-encoded bytes, as the build counted (absent for a cache built before it
+        counted)."""
+        build = self.cache.meta.get("decoded_by")
+        if self._jpeg:
+            counts: dict[str, int] = dict(self._decoded_by)
+        else:
+            counts = dict(build or {}) if self.cache.built else {}
+        return {
+            "decoded_by": counts,
+            **({} if build is None else {"cache_decoded_by": dict(build)}),
+        }
 
     def _jpeg_stats(self) -> dict[str, Any]:
         """The library that decodes the store, and whether it decodes train boxes alone."""
