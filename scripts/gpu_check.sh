@@ -49,11 +49,11 @@ usage() {
     echo "usage: $0 OUTDIR [--dry-run]" >&2
     exit 2
 }
-OUT="" DRY=0 PLAN_ONLY=0 ONLY_PLAN=0
+OUT="" DRY=0 WALKING_PLAN=0 PRINT_PLAN=0
 for arg in "$@"; do
     case $arg in
         --dry-run) DRY=1 ;;
-        --plan) ONLY_PLAN=1 ;;
+        --plan) PRINT_PLAN=1 ;;
         -h | --help)
             sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'
             exit 0
@@ -65,8 +65,8 @@ for arg in "$@"; do
             ;;
     esac
 done
-[[ -n $OUT || $ONLY_PLAN == 1 ]] || usage
-[[ $ONLY_PLAN == 1 ]] && DRY=1 # the projection is the GPU plan's, wherever it is printed
+[[ -n $OUT || $PRINT_PLAN == 1 ]] || usage
+[[ $PRINT_PLAN == 1 ]] && DRY=1 # the projection is the GPU plan's, wherever it is printed
 
 # The interpreter: PYTHON where given; else on a dry run PY312 (the GPU machine's stack, the kit
 # installed as there: STACK=gpu) or this checkout's .venv; else the machine's python3.
@@ -83,7 +83,7 @@ fi
 [[ $DRY == 1 && $PY != "${PY312:-}" ]] && STACK=home
 
 cuda_rc=0 cuda_msg="not asked (--plan)"
-[[ $ONLY_PLAN == 1 ]] || cuda_msg=$("$PY" -c '
+[[ $PRINT_PLAN == 1 ]] || cuda_msg=$("$PY" -c '
 import sys
 import torch
 state = f"torch {torch.__version__}, CUDA build {torch.version.cuda}"
@@ -92,7 +92,7 @@ if not torch.cuda.is_available():
     sys.exit(3)
 print(f"{torch.cuda.device_count()} x {torch.cuda.get_device_name(0)} ({state})")
 ' 2>&1) || cuda_rc=$?
-if [[ $cuda_rc != 0 && $DRY == 0 && $ONLY_PLAN == 0 ]]; then
+if [[ $cuda_rc != 0 && $DRY == 0 && $PRINT_PLAN == 0 ]]; then
     echo "gpu_check: no CUDA here: $(tail -n 1 <<<"$cuda_msg") [$PY]" >&2
     echo "gpu_check: this check needs a CUDA GPU; run it on the GPU machine, or add --dry-run" \
         "to check here everything a CPU can." >&2
@@ -100,7 +100,7 @@ if [[ $cuda_rc != 0 && $DRY == 0 && $ONLY_PLAN == 0 ]]; then
 fi
 
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/gpu_check.XXXXXX")
-if [[ $ONLY_PLAN == 0 ]]; then
+if [[ $PRINT_PLAN == 0 ]]; then
     mkdir -p "$OUT"
     OUT=$(cd "$OUT" && pwd)
     rm -f "$OUT"/report.md "$OUT"/check.log "$OUT"/pytest.log "$OUT"/env.json \
@@ -131,7 +131,7 @@ FAILED=0
 phase() {
     local name=$1 budget=$2 start rc=0 left took
     shift 2
-    if [[ $PLAN_ONLY == 1 ]]; then
+    if [[ $WALKING_PLAN == 1 ]]; then
         printf 'phase\t%s\n' "$name" >>"$PROJECTED"
         return 0
     fi
@@ -220,7 +220,7 @@ export -f install_kit check_kit
 sweep() {
     local name=$1 title=$2 script=$3 jobs=$4 budget=$5
     shift 5
-    if [[ $PLAN_ONLY == 1 ]]; then
+    if [[ $WALKING_PLAN == 1 ]]; then
         { printf 'sweep\t%s\t%s' "$name" "$jobs" && printf '\t%s' "$@" && echo; } >>"$PROJECTED"
         return 0
     fi
@@ -230,9 +230,9 @@ sweep() {
 }
 
 # Dry-run settings only when running the dry run for real: the plan walked first is the GPU's.
-dry_settings() { [[ $DRY == 1 && $PLAN_ONLY == 0 ]]; }
+dry_settings() { [[ $DRY == 1 && $WALKING_PLAN == 0 ]]; }
 
-# The projection of the GPU plan (walked with PLAN_ONLY=1 into $PROJECTED) and what travels.
+# The projection of the GPU plan (walked with WALKING_PLAN=1 into $PROJECTED) and what travels.
 project() {
     local rc=0
     "$PY" -m loaderbench.bench.gpu_plan "$PROJECTED" --budget "$GPU_BUDGET_S" \
@@ -243,7 +243,7 @@ project() {
 export -f project
 
 # Every phase and multirun of the check, the most valuable first: walked once with
-# PLAN_ONLY=1 (nothing runs: the projection's plan), then for real.
+# WALKING_PLAN=1 (nothing runs: the projection's plan), then for real.
 checks() {
     PYTHONPATH=$REPO/src phase env-quick 30 "$PY" -m loaderbench.bench.gpu env "$OUT/env.json" \
         --quick || true
@@ -254,7 +254,7 @@ checks() {
         phase kit 90 bash -c install_kit || true
         export PYTHONPATH=$WORK/site:$REPO/src
     fi
-    if [[ $DRY == 1 && $PLAN_ONLY == 0 ]]; then
+    if [[ $DRY == 1 && $WALKING_PLAN == 0 ]]; then
         absent_modules
         export PYTHONPATH=$WORK/absent:$PYTHONPATH
     fi
@@ -362,7 +362,7 @@ main() {
         echo "gpu_check: no nvidia-smi"
     fi
     # The GPU plan, walked first without running anything: the projection phase prints it.
-    PLAN_ONLY=1 checks
+    WALKING_PLAN=1 checks
     checks
 
     FINAL=1
@@ -415,8 +415,8 @@ cleanup() {
     rm -rf "$WORK"
 }
 trap cleanup EXIT
-if [[ $ONLY_PLAN == 1 ]]; then
-    PLAN_ONLY=1 checks
+if [[ $PRINT_PLAN == 1 ]]; then
+    WALKING_PLAN=1 checks
     export PYTHONPATH=$REPO/src
     plan_rc=0
     project || plan_rc=$?
