@@ -20,6 +20,14 @@ fd_audit.install()  # before any test: in the controller and in every xdist work
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = SyntheticSpec(num_classes=3, train_per_class=8, val_per_class=4, seed=0)
+# Every loader and every way it decodes on the CPU: the matrix of the pixel-parity tests.
+READERS = [
+    ("torchvision", {}),
+    ("memmap", {"store": "raw"}),
+    ("memmap", {"store": "jpeg"}),
+    ("spdl", {"decoder": "turbo"}),
+    ("spdl", {"decoder": "ffmpeg"}),
+]
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

@@ -29,7 +29,7 @@ from loaderbench.images import (
 from loaderbench.loaders import build_loader
 from loaderbench.loaders.spdl.decoders import Sample, is_encoded, open_file
 from loaderbench.transforms import pil_val_transform
-from tests.conftest import cpu_spec, folder_index, run_entry, single_run
+from tests.conftest import READERS, cpu_spec, folder_index, run_entry, single_run
 
 pytestmark = pytest.mark.slow
 
@@ -239,13 +239,6 @@ DAMAGED = {
     "short.JPEG": False,
     "junk_first.JPEG": False,  # data before the first marker: not a JPEG to Pillow
 }
-READERS = [
-    ("torchvision", {}),
-    ("memmap", {"store": "raw"}),
-    ("memmap", {"store": "jpeg"}),
-    ("spdl", {"decoder": "turbo"}),
-    ("spdl", {"decoder": "ffmpeg"}),
-]
 
 
 def _jpeg_bytes(image: Image.Image) -> bytes:

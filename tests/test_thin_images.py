@@ -13,17 +13,10 @@ from PIL import Image
 
 from loaderbench.loaders import build_loader
 from loaderbench.loaders.spdl import decoders
-from tests.conftest import cpu_spec, folder_index
+from tests.conftest import READERS, cpu_spec, folder_index
 
 SIZE = 32
 THIN = ("wide_1x1000.JPEG", "tall_1000x1.JPEG")
-READERS = [
-    ("torchvision", {}),
-    ("memmap", {"store": "raw"}),
-    ("memmap", {"store": "jpeg"}),
-    ("spdl", {"decoder": "turbo"}),
-    ("spdl", {"decoder": "ffmpeg"}),
-]
 
 
 def ramp(length: int) -> np.ndarray:
