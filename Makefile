@@ -5,9 +5,13 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 ARGS ?=
 
-.PHONY: install train eval test test-fast data lint format bench bench-scale clean clean-cache gpu-kit
+.PHONY: help install train eval test test-fast test-audit data lint format bench report bench-scale clean \
+	clean-cache gpu-kit
 
-install: $(STAMP)
+help: ## this list
+	@awk 'BEGIN {FS = ":.*## "} /^[a-z-]+:.*## / {printf "  make %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+
+install: $(STAMP) ## the virtual environment (.venv), once
 
 $(STAMP): requirements.txt pyproject.toml scripts/ensure_ffmpeg.sh
 	./scripts/ensure_ffmpeg.sh
@@ -19,58 +23,53 @@ $(STAMP): requirements.txt pyproject.toml scripts/ensure_ffmpeg.sh
 	$(PY) -m pip install --quiet --no-deps --no-build-isolation -e .
 	touch $@
 
-train: install
+train: install ## train.py ARGS='loader=memmap model=resnet18 ...'
 	$(PY) train.py $(ARGS)
 
-eval: install
+eval: install ## eval.py ARGS='model=from_checkpoint ...'
 	$(PY) eval.py $(ARGS)
 
-data: install
+data: install ## the generated data set (data/)
 	$(PY) -m loaderbench.synthetic
 
 # Two pytest workers (pytest-xdist): most tests wait on subprocesses, so two keep both of a
 # 2-core machine busy; tests sharing a module or session fixture (the quick bench, the local
 # SLURM cluster) stay on one worker (--dist loadgroup). TEST_WORKERS=0: one process.
 TEST_WORKERS ?= 2
-# About one whole-suite run in twelve, something in a pytest worker closes a descriptor it does
-# not own, and the next DataLoader start fails with EBADF (issue 21: not found yet). A test that
-# fails with exactly that error runs once more; any other failure fails at once; -rR names every
-# test that ran again (the flaky-marked speed comparisons too).
-RERUN_EBADF = -raR --reruns 1 --only-rerun 'OSError: \[Errno 9\] Bad file descriptor'
-# ... and the descriptor audit is there to name it: tests/fd_audit/closeshim.c, preloaded into
-# every process of the run, reports any close that fails with EBADF or takes a live
-# multiprocessing Connection's descriptor, with the culprit's native and Python stacks, in the
-# session's summary (FD_AUDIT_STRICT=1: such a report fails the session). FD_AUDIT=0: off; no C
-# compiler: off, said so.
-FD_AUDIT ?= 1
+PYTEST = $(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup -ra
+test: install ## the whole suite, as users run the product (no shim, no rerun)
+	$(PYTEST) $(ARGS)
+
+test-fast: install ## the suite without the tests marked slow
+	$(PYTEST) -m "not slow" $(ARGS)
+
+# The descriptor audit (opt-in): tests/fd_audit/closeshim.c, preloaded into every process of the
+# run, reports any close that fails with EBADF or takes a live multiprocessing Connection's
+# descriptor, with the culprit's native and Python stacks, in the session's summary; the audit
+# fails the session where it finds one. No C compiler: no audit, said so.
 FD_SHIM := $(VENV)/fd_audit/closeshim.so
 $(FD_SHIM): tests/fd_audit/closeshim.c
 	mkdir -p $(@D)
-	$(CC) -O1 -shared -fPIC -o $@ $< -ldl || echo "no C compiler: the descriptor audit is off"
-AUDITED = FD_AUDIT_DIR=$$(mktemp -d) \
-	LD_PRELOAD="$$(test "$(FD_AUDIT)" = 1 && test -f $(FD_SHIM) && echo $(abspath $(FD_SHIM)))"
-test: install $(FD_SHIM)
-	$(AUDITED) $(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup $(RERUN_EBADF) $(ARGS)
+	$(CC) -O1 -shared -fPIC -o $@ $< -ldl
+test-audit: install $(FD_SHIM) ## the suite under the file-descriptor audit (finds a stray close)
+	FD_AUDIT_DIR=$$(mktemp -d) FD_AUDIT_STRICT=1 LD_PRELOAD=$(abspath $(FD_SHIM)) $(PYTEST) $(ARGS)
 
-test-fast: install $(FD_SHIM)
-	$(AUDITED) $(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup $(RERUN_EBADF) -m "not slow" $(ARGS)
-
-lint: install
+lint: install ## ruff check and format check
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
-format: install
+format: install ## ruff fix and format
 	$(VENV)/bin/ruff check --fix .
 	$(VENV)/bin/ruff format .
 
 # memmap caches unused for UNUSED_DAYS days (and held by no run) in CACHE_DIR: listed, removed.
 CACHE_DIR ?= cache
 UNUSED_DAYS ?= 30
-clean-cache: install
+clean-cache: install ## remove memmap caches unused for UNUSED_DAYS days
 	$(PY) -m loaderbench.loaders.memmap.housekeeping --cache-dir $(CACHE_DIR) \
 		--unused-days $(UNUSED_DAYS) --remove
 
-clean:
+clean: ## remove outputs, cache and bench/work
 	rm -rf outputs cache bench/work .pytest_cache
 
 # The benchmark report (bench/report.md, bench/report.png); BENCH_ARGS=--quick for a small run.
@@ -81,20 +80,23 @@ clean:
 BENCH_ARGS ?=
 DALI ?= nvidia-dali-cuda130==2.4.0
 FFCV ?= ffcv==1.0.2
-bench: install
+bench: install ## measure the benchmark and render bench/report.{json,md,png}
 	$(PY) -c "import nvidia.dali" 2>/dev/null || $(PY) -m pip install --quiet "$(DALI)" \
 		|| echo "make bench: could not install $(DALI); the report will have no DALI rows"
 	./scripts/ensure_ffcv.sh $(PY) "$(FFCV)" \
 		|| echo "make bench: could not install $(FFCV); the report will have no FFCV rows"
 	$(PY) -m loaderbench.bench $(BENCH_ARGS)
 
+report: install ## draw bench/report.md and report.png from bench/report.json, measuring nothing
+	$(PY) -m loaderbench.bench.render
+
 # Start-up and memory on a generated 1000-class tree of 260,000 small JPEGs (generated once into
 # data/), projected to ImageNet: bench/scale.md, bench/scale.json. Not part of `make test`.
-bench-scale: install
+bench-scale: install ## start-up and memory at ImageNet scale (bench/scale.md)
 	$(PY) -W ignore::UserWarning -m loaderbench.bench.scale $(BENCH_ARGS)
 
 # The wheels a GPU machine without network lacks (cp312 manylinux, nvImageCodec and its nvJPEG
 # among them; < 56 MiB, and < 64 MiB with the working tree, what can travel) in .gpu-kit/, for
-# scripts/gpu_check.sh there; fetched with pip from PyPI, quick when they are all there already.
-gpu-kit:
-	./scripts/gpu_kit.sh
+# tools/gpu_check/gpu_check.sh there; fetched with pip from PyPI, quick when all are there.
+gpu-kit: ## the wheels a GPU machine without network needs (.gpu-kit/)
+	./tools/gpu_check/gpu_kit.sh

@@ -10,24 +10,48 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from loaderbench.loaders import loader_names, settings_class
 from loaderbench.synthetic import SyntheticSpec, ensure_synthetic
 from tests import fd_audit
 
-fd_audit.install()  # before any test: in the controller and in every xdist worker
+# The descriptor audit is opt-in (`make test-audit` names its folder and preloads its shim): a
+# plain run tests the product as users run it, with the real os.close and Connection.
+if os.environ.get("FD_AUDIT_DIR"):
+    fd_audit.install()  # before any test: in the controller and in every xdist worker
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = SyntheticSpec(num_classes=3, train_per_class=8, val_per_class=4, seed=0)
-# Every loader and every way it decodes on the CPU: the matrix of the pixel-parity tests.
-READERS = [
-    ("torchvision", {}),
-    ("memmap", {"store": "raw"}),
-    ("memmap", {"store": "jpeg"}),
-    ("spdl", {"decoder": "turbo"}),
-    ("spdl", {"decoder": "ffmpeg"}),
-]
+
+
+def loader_variants() -> list[tuple[str, dict[str, Any]]]:
+    """Every loader in the registry and every way it runs on the CPU (its settings'
+    ``contract_variants``): the matrix of the loader contract and the pixel-parity tests."""
+    return [
+        (name, variant)
+        for name in loader_names()
+        for variant in settings_class(name).contract_variants()
+    ]
+
+
+READERS = loader_variants()
+
+
+def loader_folders(loader: str, folder: Path) -> dict[str, str]:
+    """The on-disk folders loader ``loader`` keeps (its settings' ``*_dir`` keys: memmap's
+    ``cache_dir``), each under ``folder``, so that a test's runs never share the repo's."""
+    from dataclasses import fields
+
+    keys = [f.name for f in fields(settings_class(loader)) if f.name.endswith("_dir")]
+    return {key: str(folder / key) for key in keys}
+
+
+def loader_folder_overrides(loader: str, folder: Path) -> list[str]:
+    """``loader_folders`` as command-line overrides (``loader.cache_dir=...``)."""
+    return [f"loader.{key}={value}" for key, value in loader_folders(loader, folder).items()]
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

@@ -1,14 +1,13 @@
-"""``loader.num_workers=auto``: the ladder and the choice; the probe on a real loader whose
-decode is slowed on purpose (it sleeps) against the same loader at full speed, with a slow and
-a fast model; a run with ``auto`` trains what the chosen count trains; the remembered choice;
-two gloo ranks; bad values."""
+"""``loader.num_workers=auto``: the ladder, the climb and the choice, on given figures (a slow
+and a fast decode, with a slow model and without: decisions, not speeds, which are the
+benchmark's); the probe on a real loader; a run with ``auto`` trains what the chosen count
+trains; the remembered choice; two gloo ranks; bad values."""
 
 from __future__ import annotations
 
 import json
 import random
 import re
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,22 +16,20 @@ import pytest
 import torch
 from torch import nn
 
-from loaderbench.autotune import (
-    ModelStep,
-    ProbeRow,
-    Workload,
+from loaderbench.autotune import ProbeRow, Workload, model_step, probe
+from loaderbench.autotune.policy import (
+    Measure,
     choose,
-    cpus_allowed,
+    climb,
     fed_wait,
     keep_climbing,
-    pooled,
-    probe,
     to_confirm,
     worker_ladder,
 )
+from loaderbench.autotune.rung import pooled
 from loaderbench.loaders.settings import AutotuneSettings
 from loaderbench.meters import ProcessTreeMonitor
-from loaderbench.runtime import PRECISIONS
+from loaderbench.runtime import PRECISIONS, cpus_allowed
 from loaderbench.validation import ConfigError, validate_config
 from tests.conftest import cpu_spec, folder_index, read_metrics, run_dirs, run_entry, single_run
 from tests.test_config import compose_cfg
@@ -68,6 +65,21 @@ def test_the_cpus_allowed_are_the_slurm_or_torchrun_share_else_the_affinity() ->
     node = {"SLURM_JOB_ID": "1", "SLURM_CPUS_ON_NODE": "64", "SLURM_NTASKS_PER_NODE": "8"}
     assert cpus_allowed(node) == 8
     assert cpus_allowed({"LOCAL_WORLD_SIZE": "1000"}) == 1  # at least one
+
+
+def test_every_count_of_cpus_is_the_allotment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One count for everything sized by the CPUs: the bench's decode limits count a SLURM
+    task's allotment as the probe's ladder does (they counted the affinity mask apart), and
+    a system without affinity masks (not Linux) falls back to the machine's count."""
+    import os
+
+    from loaderbench.bench.limits import usable_cores
+
+    monkeypatch.setenv("SLURM_CPUS_PER_TASK", "1")
+    assert usable_cores() == cpus_allowed() == 1
+    monkeypatch.delenv("SLURM_CPUS_PER_TASK")
+    monkeypatch.delattr(os, "sched_getaffinity")
+    assert cpus_allowed({}) == (os.cpu_count() or 1)
 
 
 def test_choose_takes_the_fewest_workers_within_tolerance_of_the_best() -> None:
@@ -133,6 +145,87 @@ def test_counts_near_the_best_are_measured_again_and_chosen_on_both_windows() ->
     assert choose(again, 0.05) == 1
 
 
+# A loop of batches of 4 ImageNet-sized JPEGs as this machine runs it (measured once, given
+# here as numbers): a decode takes ~30 ms a batch, one slowed by a 50 ms sleep an image 230 ms
+# (sleeping, it takes no CPU: every worker adds its batches, whatever the cores); the slow
+# model's step 85 ms; two real cores, six CPUs said allowed.
+FAST_DECODE_S, SLEEPING_DECODE_S, MODEL_STEP_S, CORES = 0.030, 0.230, 0.085, 2
+
+
+def loop(decode_s: float, step_s: float | None, sleeping: bool) -> tuple[Measure, list[int]]:
+    """What a probe measures of that loop at each count (a ``policy.Measure``, always in
+    time), and the list of counts measured, in order: ``workers`` decode side by side (no
+    more than the cores, unless the decode sleeps); the loop runs at the workers' rate or the
+    model's, whichever is lower, and waits for data the rest of its time (always, without a
+    model)."""
+    measured: list[int] = []
+
+    def measure(workers: int) -> tuple[ProbeRow, bool]:
+        measured.append(workers)
+        side_by_side = workers if sleeping else min(workers, CORES)
+        batches_per_s = side_by_side / decode_s
+        if step_s is not None:
+            batches_per_s = min(batches_per_s, 1 / step_s)
+        wait = 1.0 if step_s is None else 1 - batches_per_s * step_s
+        return row(workers, 4 * batches_per_s, wait), True
+
+    return measure, measured
+
+
+@pytest.mark.parametrize("model_step_s", [MODEL_STEP_S, None], ids=["slow-model", "no-model"])
+def test_auto_gives_a_slow_decode_more_workers_than_a_fast_one(
+    model_step_s: float | None,
+) -> None:
+    """The climb and the choice on the loop's figures (``loop``), six CPUs allowed (ladder 1,
+    2, 3, 4, 6). With the slow model one full-speed worker feeds it (30 ms < 85 ms a batch):
+    the climb stops there; sleeping workers feed it at 3 (230 / 3 < 85 ms), where it stops.
+    Without a model every sleeping worker adds its batches: the climb goes to the top; at full
+    speed the two cores bound it (2 and 3 workers alike), so those two are measured again, in
+    reverse order, and 2 is chosen."""
+    options = AutotuneSettings()
+    fast, fast_measured = loop(FAST_DECODE_S, model_step_s, sleeping=False)
+    slow, slow_measured = loop(SLEEPING_DECODE_S, model_step_s, sleeping=True)
+    fast_rows = climb(worker_ladder(6), fast, options)
+    slow_rows = climb(worker_ladder(6), slow, options)
+    fast_choice, slow_choice = choose(fast_rows, 0.05), choose(slow_rows, 0.05)
+    if model_step_s is not None:
+        assert (fast_measured, fast_choice) == ([1], 1)
+        assert (slow_measured, slow_choice) == ([1, 2, 3], 3)
+        assert slow_rows[0].data_wait_frac > 0.5 >= fed_wait(0.05) >= slow_rows[2].data_wait_frac
+    else:
+        assert (fast_measured, fast_choice) == ([1, 2, 3, 3, 2], 2)
+        assert [r.windows for r in fast_rows] == [1, 2, 2]
+        assert (slow_measured, slow_choice) == ([1, 2, 3, 4, 6], 6)
+    assert slow_choice > fast_choice
+
+
+def test_the_climb_starts_no_count_once_the_probe_is_out_of_time() -> None:
+    """Out of time after a count: nothing more is measured, not even the counts to confirm;
+    out of time while confirming: the counts not yet confirmed keep their one window."""
+    fast, _ = loop(FAST_DECODE_S, None, sleeping=False)
+
+    def budget(calls: int) -> tuple[Measure, list[int]]:
+        measured: list[int] = []
+
+        def measure(workers: int) -> tuple[ProbeRow, bool]:
+            measured.append(workers)
+            figures, _ = fast(workers)
+            return figures, len(measured) < calls
+
+        return measure, measured
+
+    options = AutotuneSettings()
+    for calls, order, windows in [
+        (2, [1, 2], [1, 1]),
+        (3, [1, 2, 3], [1, 1, 1]),
+        (4, [1, 2, 3, 3], [1, 1, 2]),
+    ]:
+        measure, measured = budget(calls)
+        rows = climb(worker_ladder(6), measure, options)
+        assert measured == order and [r.windows for r in rows] == windows
+        assert choose(rows, 0.05) == 2
+
+
 @pytest.mark.parametrize("value", ["-1", "many", "1.5", "true"])
 def test_a_bad_num_workers_is_refused_naming_the_key(value: str) -> None:
     cfg = compose_cfg("train", [f"loader.num_workers={value}"])
@@ -161,48 +254,26 @@ def test_auto_is_accepted_by_every_loader() -> None:
     for name in ("torchvision", "memmap", "spdl"):
         settings = validate_config(
             compose_cfg("train", [f"loader={name}", "loader.num_workers=auto"])
-        )
+        ).loader
         assert settings.auto_workers and settings.autotune == AutotuneSettings()
 
 
 # ---------------------------------------------------------------------------------------------
 # The probe, in this process, on the torchvision loader (worker processes forked from here).
 
-# Batches of 4 ImageNet-sized JPEGs: a real decode takes ~30 ms a batch here, a sleeping one
-# 230 ms; the slow model's step ~85 ms.
-DECODE_SLEEP_S = 0.05  # an image
-MODEL_SLEEP_S = 0.08  # a step
-
 
 class TinyNet(nn.Module):
-    """A real (small) convolutional classifier with BatchNorm; ``delay_s`` makes it slow."""
+    """A real (small) convolutional classifier with BatchNorm."""
 
-    def __init__(self, delay_s: float = 0.0) -> None:
+    def __init__(self) -> None:
         super().__init__()
-        self.delay_s = delay_s
         self.body = nn.Sequential(
             nn.Conv2d(3, 8, 3, stride=2), nn.BatchNorm2d(8), nn.ReLU(), nn.AdaptiveAvgPool2d(1)
         )
         self.head = nn.Linear(8, 4)
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
-        if self.delay_s:
-            time.sleep(self.delay_s)
         return self.head(self.body(images.float() / 255).flatten(1))
-
-
-@pytest.fixture
-def sleeping_decode(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The torchvision loader's image decode sleeps first (forked workers inherit it)."""
-    from loaderbench.loaders.torchvision import loader as module
-
-    decode = module.load_rgb
-
-    def slow(path):  # the same signature as load_rgb
-        time.sleep(DECODE_SLEEP_S)
-        return decode(path)
-
-    monkeypatch.setattr(module, "load_rgb", slow)
 
 
 @pytest.fixture(autouse=True)
@@ -215,12 +286,6 @@ def one_intra_op_thread() -> Iterator[None]:
     torch.set_num_threads(threads)
 
 
-# The ladder tests compare rates, so their windows are longer than QUICK_PROBE's: at 0.3 s, a
-# window holds three or four batches of the slow model, and one batch whose worker the other
-# xdist worker's load descheduled moved a count's rate by 30% (the climb then stopped early).
-LADDER_PROBE = AutotuneSettings(window_s=0.8, min_batches=4)
-
-
 def probe_on(
     root: Path,
     model: nn.Module | None,
@@ -230,58 +295,9 @@ def probe_on(
 ) -> list[ProbeRow]:
     split = folder_index(root).train
     spec = cpu_spec(split, True, loader="torchvision", batch_size=4, prefetch=2)
-    step = None if model is None else ModelStep(model, FP32, torch.device("cpu"), train=train)
+    step = None if model is None else model_step(model, FP32, torch.device("cpu"), train=train)
     with ProcessTreeMonitor() as monitor:
         return probe(Workload(spec, step, {}), settings, cpus, monitor)
-
-
-# Six CPUs said allowed on a 2-core machine: DataLoader's warning about it is expected here.
-@pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")
-# Rates measured while the other xdist worker runs: one assertion failure is measured again.
-@pytest.mark.flaky(reruns=1, only_rerun=["AssertionError"])
-@pytest.mark.parametrize("model_delay_s", [MODEL_SLEEP_S, None], ids=["slow-model", "no-model"])
-def test_auto_gives_a_slow_decode_more_workers_than_a_fast_one(
-    small_root: Path, request: pytest.FixtureRequest, model_delay_s: float | None
-) -> None:
-    """Ladder 1, 2, 3, 4, 6 (six CPUs said allowed). Sleeping decode: each worker adds a batch
-    per 230 ms, mostly without CPU, so with no model every count gains and the probe climbs to
-    four or more; with a model of 85 ms a step the loop is fed at 3 workers (230 / 3 < 85 ms). At
-    full speed one worker decodes a batch in ~30 ms: fed at once with the slow model, where
-    the climb stops. Without a model the full-speed climb is
-    bound by the cores the machine really has, not the six it is told: it stops at 2 or 3 on
-    two cores and may reach the top on more (CI once measured 1 -> 6 workers: 279 -> 627
-    images/s), so there the sleeping decode is only asserted never to get fewer."""
-    model = None if model_delay_s is None else TinyNet(model_delay_s)
-    fast = probe_on(small_root, model, cpus=6, settings=LADDER_PROBE)
-    request.getfixturevalue("sleeping_decode")
-    slow = probe_on(small_root, model, cpus=6, settings=LADDER_PROBE)
-    slow_choice, fast_choice = choose(slow, 0.05), choose(fast, 0.05)
-    tables = f"sleeping decode: {slow}\nfull speed: {fast}"
-    if model is None:
-        assert slow_choice >= fast_choice, tables
-        # Every count gains while the workers sleep; at 4-6 sleeping workers the two cores'
-        # real decoding starts to bound the rate, so the top of the ladder is not asserted.
-        assert slow_choice >= 4 and [r.workers for r in slow][:4] == [1, 2, 3, 4], tables
-        # Rates follow the workers, as sleeping decodes do: four give about four times one.
-        best = max(r.images_per_s for r in slow)
-        assert best > 3 * slow[0].images_per_s, tables
-    else:  # fed at 3 sleeping workers (2 are >5% short of it); at full speed, 1 (or 2: noise)
-        assert slow_choice > fast_choice, tables
-        assert fast_choice <= 2 and slow_choice >= 3, tables
-        # A fed count ends the climb: one full-speed worker feeds the model, nothing is
-        # measured past it.
-        assert fast[0].data_wait_frac > fed_wait(0.05) or len(fast) == 1, tables
-        # One sleeping worker leaves the model waiting, the chosen count feeds it: its rate
-        # is about the model's (an 80 ms sleep, forward and backward).
-        assert slow[0].data_wait_frac > 0.3, tables
-        chosen = next(r for r in slow if r.workers == slow_choice)
-        assert chosen.images_per_s > 0.7 * 4 / MODEL_SLEEP_S, tables
-    for table in (fast, slow):
-        for measured in table:
-            assert measured.batches >= max(4, 2 * measured.workers)
-            assert measured.batches % measured.workers == 0  # whole rounds of the workers
-            assert measured.images == 4 * measured.batches
-            assert 0 <= measured.data_wait_frac <= 1 and measured.cpu_s_per_1k_images
 
 
 @pytest.mark.parametrize("train", [True, False], ids=["train-step", "eval-step"])

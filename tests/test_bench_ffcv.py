@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from loaderbench.bench import report
+from loaderbench.bench import peer_rows, render
 from loaderbench.bench.ffcv import (
     ffcv_loader,
     ffcv_unavailable,
@@ -21,14 +21,15 @@ from loaderbench.bench.ffcv import (
     write_store,
 )
 from loaderbench.bench.limits import measure_decode_limit
+from loaderbench.bench.schema import FFCV_NAMES as FFCV_BY_STORE
+from loaderbench.bench.schema import Machine, Options, Report, Row
 from loaderbench.data import Split, scan_image_folder
-from tests.test_bench import table_rows
 
 # Skipped where FFCV does not import, as the report leaves its rows out there.
 HAS_FFCV = ffcv_unavailable() is None
 needs_ffcv = pytest.mark.skipif(not HAS_FFCV, reason="FFCV is not installed (make bench does)")
 SIZE, BATCH = 64, 8
-FFCV_NAMES = set(report.FFCV_NAMES.values())
+FFCV_NAMES = set(FFCV_BY_STORE.values())
 
 
 def folder_split(root: Path, name: str) -> Split:
@@ -36,8 +37,8 @@ def folder_split(root: Path, name: str) -> Split:
     return Split(name, tuple(paths), labels)
 
 
-def options(out: Path, root: Path) -> report.Options:
-    return report.Options(
+def options(out: Path, root: Path) -> Options:
+    return Options(
         out=out,
         quick=True,
         image_size=SIZE,
@@ -62,22 +63,27 @@ def test_without_ffcv_the_report_is_built_without_its_rows_and_says_so(
     opts = options(tmp_path, tiny_root)
     _, val_paths, _ = scan_image_folder(tiny_root / "val")
     decode = measure_decode_limit(val_paths, SIZE, repeats=1)
-    rows = report.peer_rows(opts, tiny_root, decode)
+    rows = peer_rows.peer_rows(opts, tiny_root, {"decode": decode.images_per_s})
     [line] = [line for line in capsys.readouterr().out.splitlines() if "FFCV" in line]
     assert line.startswith("make bench: no FFCV rows: it does not import here (")
     assert {row.name for row in rows} & FFCV_NAMES == set()
     assert {row.name for row in rows} >= {"classic (float in workers)", "tutorial tensorclass"}
     # The project's own rows come from sweeps (test_bench runs them); here one row a pipeline.
-    ours = [report.Row(task, "memmap", 1, 1000.0, 0.5, 0.1, 0.01) for task in ("val", "train")]
-    report.write_report(opts, rows + ours, decode, 1e9, 3 * SIZE * SIZE, 1.0, [])
-    markdown = (tmp_path / "report.md").read_text()
+    ours = [
+        Row(task, "memmap", 1, 1000.0, 0.5, 0.1, 0.01, kind="loader") for task in ("val", "train")
+    ]
+    machine = Machine("x86_64", 2, "3", "2")
+    saved = Report(opts, machine, 1.0, rows + ours, decode, 1e9, ffcv_version=ffcv_version())
+    saved.write(tmp_path / "report.json")
+    saved = Report.load(tmp_path / "report.json")
+    assert saved.ffcv_version is None
+    assert len(saved.rows) == len(rows) + len(ours)
+    # Drawn, the report says FFCV was not measured and why, and compares nothing with it.
+    markdown = render.markdown(saved)
     assert markdown.count("FFCV not measured (it does not import here") == 2  # val, train
     assert "## FFCV's stores beside memmap's" not in markdown
-    pipelines = [dict(row) for row in table_rows(markdown, "| pipeline |", named=True)]
-    assert len(pipelines) == len(rows) + len(ours)
-    assert all(row["vs FFCV"] == "-" for row in pipelines)
+    assert all(render.ffcv_rate(saved.rows, r.pipeline, r, r.workers) is None for r in saved.rows)
     saved = json.loads((tmp_path / "report.json").read_text())
-    assert saved["ffcv_version"] is None
     assert {row["name"] for row in saved["rows"]} & FFCV_NAMES == set()
 
 
@@ -138,9 +144,10 @@ def test_a_small_run_gives_rows_for_both_stores(tiny_root: Path, tmp_path: Path)
     opts = options(tmp_path, tiny_root)
     _, val_paths, _ = scan_image_folder(tiny_root / "val")
     decode = measure_decode_limit(val_paths, SIZE, repeats=1)
+    limits = {"decode": decode.images_per_s, "copy": 9e4, "crop": 8e3}
     rows = []
     for task in ("val", "train"):
-        rows += report.ffcv_rows(opts, folder_split(tiny_root, task), task, decode)
+        rows += peer_rows.ffcv_rows(opts, folder_split(tiny_root, task), task, limits)
     assert {(r.pipeline, r.name, r.workers) for r in rows} == {
         (task, name, 1) for task in ("val", "train") for name in FFCV_NAMES
     }
@@ -148,13 +155,10 @@ def test_a_small_run_gives_rows_for_both_stores(tiny_root: Path, tmp_path: Path)
         assert row.images_per_s > 0 and row.cpu_s_per_1k_images >= 0
         assert row.extra["warm_up_s"] > 0 and "warm-up" in row.note
         assert row.extra["payload_bytes_per_image"] <= row.extra["bytes_per_image"]
-        if row.name == report.FFCV_NAMES["jpeg"]:  # decodes every pixel
+        if row.name == FFCV_BY_STORE["jpeg"]:  # decodes every pixel
             assert (row.limit_name, row.limit_images_per_s) == ("CPU decode", decode.images_per_s)
-    # A raw row takes memmap's limit at the same pipeline and worker count.
-    memmap = report.Row(
-        "train", "memmap", 1, 1000.0, limit_name="memory copy", limit_images_per_s=9e4
-    )
-    report.share_memmap_limits([*rows, memmap])
-    [raw] = [r for r in rows if r.pipeline == "train" and r.name == report.FFCV_NAMES["raw"]]
-    assert (raw.limit_name, raw.limit_images_per_s) == ("memory copy", 9e4)
+        else:  # reads stored pixels, as memmap's raw store: val copies them, train crops them
+            assert row.bounds == (("crop",) if row.pipeline == "train" else ("copy",))
+            expected = ("crop + resize", 8e3) if row.pipeline == "train" else ("memory copy", 9e4)
+            assert (row.limit_name, row.limit_images_per_s) == expected
     assert not list((tmp_path / "work" / "ffcv").glob("*.beton"))  # removed once measured

@@ -114,7 +114,7 @@ def test_an_unknown_decoder_is_refused_naming_the_choices() -> None:
 @pytest.mark.parametrize("name", loader_names())
 def test_a_loader_gets_its_typed_settings_once_with_the_schema_defaults(name: str) -> None:
     cfg = compose_cfg("train", [f"loader={name}", "loader.batch_size=7"])
-    settings = validate_config(cfg)
+    settings = validate_config(cfg).loader
     schema = settings_class(name)
     assert type(settings) is schema and settings.name == name and settings.batch_size == 7
     # Every other key holds the schema's default: the YAML only picks the schema.

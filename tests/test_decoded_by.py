@@ -235,13 +235,13 @@ def test_nvjpeg_decodes_regions_of_subsampled_jpegs_itself() -> None:
 
 
 def test_sweep_summaries_and_the_report_say_what_decoded() -> None:
-    from loaderbench.bench.report import _row_note
-    from loaderbench.sweeps import SUMMARY_METRICS
+    from loaderbench.bench.measure import row_note
+    from loaderbench.metrics import summary_keys
 
     metrics = {"loader_val_decoded_by": {"pil": 2, "nvimgcodec": 6}}
     assert decoded_by.summary_text(metrics) == "val: nvimgcodec 6, pil 2"
     assert decoded_by.summary_text({"images": 3}) is None
-    assert "decoded_by" in SUMMARY_METRICS  # a summary.csv column
+    assert "decoded_by" in summary_keys()  # a summary.csv column
     run = {"status": "ok", "decoded_by": "val: nvimgcodec 6, pil 2"}
-    assert _row_note(run) == "decoded by val: nvimgcodec 6, pil 2"
-    assert _row_note({"status": "failed", "error": "boom"}) == "failed: boom"
+    assert row_note(run) == "decoded by val: nvimgcodec 6, pil 2"
+    assert row_note({"status": "failed", "error": "boom"}) == "failed: boom"

@@ -1,33 +1,31 @@
-"""Data-parallel runs: sharding in every loader, and real torchrun jobs with gloo on the CPU."""
+"""Data-parallel runs: the shares of an epoch, and real torchrun jobs with gloo on the CPU. Each
+loader's own shares (disjoint, covering the epoch) are the loader contract's
+(tests/test_loader_contract.py)."""
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
 import socket
 import subprocess
 import sys
-from collections import Counter
 from pathlib import Path
 
 import psutil
 import pytest
 import torch
 
-from loaderbench.loaders import build_loader
+from loaderbench.loaders import loader_names
 from loaderbench.loaders.base import shard_indices
 from tests.conftest import (
     REPO,
-    cpu_spec,
     folder_index,
+    loader_folder_overrides,
     read_metrics,
     run_dirs,
     run_entry,
     single_run,
 )
-
-LOADERS = ["torchvision", "memmap", "spdl"]
 
 
 def test_shard_indices_cover_the_epoch_once() -> None:
@@ -37,42 +35,6 @@ def test_shard_indices_cover_the_epoch_once() -> None:
     train = [shard_indices(order, 8, True, r, 3) for r in range(3)]
     assert {len(t) for t in train} == {32}  # equal full batches on every rank
     assert len(set(torch.cat(train).tolist())) == 96
-
-
-def epoch_images(name: str, split, rank: int, world: int, tmp_path: Path, train: bool):
-    spec = cpu_spec(
-        split,
-        train,
-        batch_size=4,
-        rank=rank,
-        world_size=world,
-        loader=name,
-        on_error="raise",
-        **({"cache_dir": str(tmp_path / "cache")} if name == "memmap" else {}),
-    )
-    loader = build_loader(spec)
-    try:
-        batches = list(loader)
-    finally:
-        loader.close()
-    images = torch.cat([b.images for b in batches])
-    labels = torch.cat([b.labels for b in batches]).tolist()
-    return [hashlib.sha1(img.numpy().tobytes()).hexdigest() for img in images], labels
-
-
-@pytest.mark.parametrize("name", LOADERS)
-def test_ranks_see_disjoint_shares_of_every_epoch(
-    name: str, tiny_root: Path, tmp_path: Path
-) -> None:
-    index = folder_index(tiny_root)
-    whole, whole_labels = epoch_images(name, index.val, 0, 1, tmp_path, train=False)
-    shares = [epoch_images(name, index.val, r, 2, tmp_path, train=False) for r in range(2)]
-    union = shares[0][0] + shares[1][0]
-    assert Counter(union) == Counter(whole) and len(whole) == len(index.val)
-    assert Counter(shares[0][1] + shares[1][1]) == Counter(whole_labels)
-    assert not set(shares[0][0]) & set(shares[1][0])
-    train = [epoch_images(name, index.train, r, 2, tmp_path, train=True)[1] for r in range(2)]
-    assert len(train[0]) == len(train[1]) == 12  # 24 images, 12 a rank, whole batches of 4
 
 
 def start_torchrun(
@@ -130,7 +92,7 @@ def torchrun(
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", LOADERS)
+@pytest.mark.parametrize("name", loader_names())
 def test_torchrun_two_processes(name: str, small_root: Path, tmp_path: Path) -> None:
     """Two ranks train and validate; the top-1 and val loss they report, reduced over the ranks,
     are eval.py's of the checkpoint saved, in one process. torchvision: rank 1's images of the
@@ -139,7 +101,7 @@ def test_torchrun_two_processes(name: str, small_root: Path, tmp_path: Path) -> 
     root = small_root
     if name == "torchvision":
         root = inverted_for_rank_1(small_root, tmp_path / "data", epoch=1)
-    cache = [f"loader.cache_dir={tmp_path / 'cache'}"] if name == "memmap" else []
+    cache = loader_folder_overrides(name, tmp_path)
     torchrun(
         "device=cpu",
         f"loader={name}",

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import datetime
 import json
-import time
 from pathlib import Path
 
 import pytest
 import torch
 
+from loaderbench.loaders import loader_names
 from tests.conftest import read_metrics, run_dirs, run_entry, single_run
 from tests.wandb_offline import offline_runs
 
@@ -53,8 +54,9 @@ def test_train_writes_metrics_checkpoint_and_wandb(trained: tuple[Path, dict]) -
     assert CONTRACT_KEYS | {"top1", "top5", "loss", "epochs"} <= metrics.keys()
     assert metrics["status"] == "ok" and metrics["epochs"] == 2
     assert metrics["images"] == 2 * (160 // 16) * 16
-    # 4 classes: every label is in the top 5; top1 is a count of the 40 val images.
-    assert metrics["top5"] == 1.0 and metrics["val_size"] == 40
+    # top1 is a count of the 40 val images (top5, 1 by construction with 4 classes, is
+    # counted where it can miss: tests/test_loops.py).
+    assert metrics["val_size"] == 40
     assert metrics["top1"] * 40 == pytest.approx(round(metrics["top1"] * 40), abs=1e-9)
     assert metrics["images_per_s"] > 0 and 0.0 <= metrics["data_wait_frac"] <= 1.0
     assert metrics["cpu_s_per_1k_images"] > 0 and metrics["peak_rss_mb"] > 100
@@ -70,7 +72,8 @@ def test_train_writes_metrics_checkpoint_and_wandb(trained: tuple[Path, dict]) -
     assert wandb_run.config["loader"]["name"] == "torchvision"
     epochs = [row for row in wandb_run.history if "epoch" in row]
     assert [row["epoch"] for row in epochs] == [1, 2]
-    assert all(0.0 <= row["val/top1"] <= 1.0 for row in epochs)
+    for row in epochs:  # each epoch's top1 a count of the 40 val images
+        assert row["val/top1"] * 40 == pytest.approx(round(row["val/top1"] * 40), abs=1e-9)
     assert epochs[-1]["val/top1"] == pytest.approx(metrics["top1"])
 
 
@@ -121,13 +124,14 @@ def test_eval_reproduces_train_top1(
 def test_every_loader_gives_the_same_top1_from_one_checkpoint(
     trained: tuple[Path, dict], small_root: Path, tmp_path: Path
 ) -> None:
-    """The three val pipelines feed the model the same images (memmap stores torchvision's
-    val crop, spdl's turbo decoder matches it to a grey level): top1 within one image."""
+    """Every loader's val pipeline feeds the model the same images (memmap stores
+    torchvision's val crop, spdl's turbo decoder matches it to a grey level): top1 within one
+    image."""
     run_dir, _ = trained
     run_entry(
         "eval.py",
         "--multirun",
-        "loader=torchvision,memmap,spdl",
+        f"loader={','.join(loader_names())}",
         f"checkpoint={run_dir / 'checkpoint.pt'}",
         f"dataset.root={small_root}",
         "device=cpu",
@@ -136,7 +140,7 @@ def test_every_loader_gives_the_same_top1_from_one_checkpoint(
         cwd=tmp_path,
     )
     top1 = {read_metrics(d)["loader"]: read_metrics(d)["top1"] for d in run_dirs(tmp_path, "eval")}
-    assert sorted(top1) == ["memmap", "spdl", "torchvision"]
+    assert sorted(top1) == sorted(loader_names())
     assert max(top1.values()) - min(top1.values()) <= 1 / 40 + 1e-9, top1
 
 
@@ -235,7 +239,7 @@ def test_wandb_online_without_key_goes_offline(tiny_root: Path, tmp_path: Path) 
         "HOME": str(tmp_path),
         "NETRC": str(tmp_path / "none"),
     }
-    start = time.monotonic()
+    # A run waiting at a login prompt would be stopped by the timeout, failing the test.
     proc = run_entry(
         "eval.py",
         "model=none",
@@ -243,12 +247,26 @@ def test_wandb_online_without_key_goes_offline(tiny_root: Path, tmp_path: Path) 
         "loader.num_workers=0",
         cwd=tmp_path,
         env=env,
+        timeout=300,
     )
-    assert time.monotonic() - start < 120
     assert "offline" in proc.stderr and "API key" in proc.stderr
     run_dir, metrics = single_run(tmp_path, "eval")
     assert metrics["status"] == "ok"
     assert len(offline_runs(run_dir)) == 1
+
+
+def wandb_started_after_s(run_dir: Path) -> float:
+    """Seconds from the run's start (its folder's time stamp, made as its config was composed)
+    to its log's line saying which W&B run it started."""
+    stamp = datetime.datetime.strptime(
+        f"{run_dir.parent.name} {run_dir.name}", "%Y-%m-%d %H-%M-%S-%f"
+    )
+    (log_file,) = run_dir.glob("*.log")
+    for line in log_file.read_text().splitlines():
+        if "W&B run " in line:
+            logged = datetime.datetime.strptime(line[1:24], "%Y-%m-%d %H:%M:%S,%f")
+            return (logged - stamp).total_seconds()
+    raise AssertionError(f"no W&B run in {log_file}:\n{log_file.read_text()[-3000:]}")
 
 
 def test_wandb_refusing_server_goes_offline(tiny_root: Path, tmp_path: Path) -> None:
@@ -258,7 +276,6 @@ def test_wandb_refusing_server_goes_offline(tiny_root: Path, tmp_path: Path) -> 
         "WANDB_BASE_URL": "http://127.0.0.1:9",
         "HOME": str(tmp_path),
     }
-    start = time.monotonic()
     run_entry(
         "eval.py",
         "model=none",
@@ -268,7 +285,9 @@ def test_wandb_refusing_server_goes_offline(tiny_root: Path, tmp_path: Path) -> 
         cwd=tmp_path,
         env=env,
     )
-    assert time.monotonic() - start < 120
     run_dir, metrics = single_run(tmp_path, "eval")
+    # The online attempt gave up after its 5 s, then the offline run started: well within
+    # 30 s of the run's start, where W&B's own init_timeout (90 s) would have waited longer.
+    assert wandb_started_after_s(run_dir) < 30
     assert metrics["status"] == "ok"
     assert json.loads((run_dir / "metrics.json").read_text())["images"] == 12

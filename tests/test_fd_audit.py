@@ -122,3 +122,20 @@ def test_without_the_shim_install_does_nothing(tmp_path: Path) -> None:
     ).stdout
     assert "built-in function close" in out
     assert list(folder.iterdir()) == []
+
+
+@pytest.mark.skipif(
+    os.environ.get("FD_AUDIT_STRICT") == "1", reason="`make test-audit`: audited on purpose"
+)
+def test_a_plain_test_process_runs_the_real_close_and_connection() -> None:
+    """`make test` tests the product as users run it: no shim preloaded, and neither os.close
+    nor multiprocessing's Connection replaced in the test process (the audit is opt-in)."""
+    import multiprocessing.connection
+    import posix
+
+    assert "closeshim" not in os.environ.get("LD_PRELOAD", "")
+    assert not fd_audit.shim_loaded()
+    assert os.close is posix.close
+    connection = multiprocessing.connection.Connection
+    assert connection.__init__.__module__ == "multiprocessing.connection"
+    assert connection._close.__module__ == "multiprocessing.connection"

@@ -1,5 +1,6 @@
-"""scripts/gpu_check.sh: refuses without CUDA, and its --dry-run does everything a CPU can;
-scripts/gpu_kit.sh: what the kit holds and its limits; the check's decode phase."""
+"""The GPU check (tools/gpu_check/, run as scripts/gpu_check.sh): refuses without CUDA, and its
+--dry-run does everything a CPU can; gpu_kit.sh: what the kit holds and its limits; the check's
+decode phase."""
 
 from __future__ import annotations
 
@@ -14,11 +15,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from loaderbench.bench import gpu
 from tests.conftest import REPO
+from tools.gpu_check import cli, decode_bench
+from tools.gpu_check import plan as gpu_plan
+from tools.gpu_check import report as gpu_report
 
+# The check as README and the contract name it (it forwards to tools/gpu_check/gpu_check.sh).
 SCRIPT = REPO / "scripts" / "gpu_check.sh"
-KIT_SCRIPT = REPO / "scripts" / "gpu_kit.sh"
+KIT_SCRIPT = REPO / "tools" / "gpu_check" / "gpu_kit.sh"
 MiB = 1 << 20
 
 
@@ -136,8 +140,6 @@ def test_the_plan_projects_the_gpu_runs_most_valuable_first_within_the_budget() 
 def test_the_projection_counts_each_cache_build_once_and_refuses_unknown_phases(
     tmp_path: Path,
 ) -> None:
-    from loaderbench.bench import gpu_plan
-
     path = tmp_path / "plan.tsv"
     line = "sweep\t{}\t2\tloader=memmap\tloader.store=raw,jpeg\tloader.num_workers=8\n"
     path.write_text(line.format("train-model-memmap") + line.format("train-none-memmap"))
@@ -152,7 +154,7 @@ def test_the_projection_counts_each_cache_build_once_and_refuses_unknown_phases(
 
 
 # ---------------------------------------------------------------------------------------------
-# scripts/gpu_kit.sh
+# tools/gpu_check/gpu_kit.sh (make gpu-kit)
 
 
 def kit(*args: str, **env: str | Path) -> subprocess.CompletedProcess:
@@ -216,12 +218,12 @@ def test_check_holds_the_kit_and_what_travels_with_it_to_their_limits(tmp_path: 
 
 
 # ---------------------------------------------------------------------------------------------
-# The decode phase (python -m loaderbench.bench.gpu decode)
+# The decode phase (python -m tools.gpu_check decode)
 
 
 def decode_phase(root: Path, out: Path, device: str) -> tuple[int, dict]:
     args = ["--device", device, "--batch", "4", "--images", "12", "--seconds", "0.05"]
-    rc = gpu.main(["decode", str(root), "--out", str(out), *args])
+    rc = cli.main(["decode", str(root), "--out", str(out), *args])
     return rc, json.loads(out.read_text())
 
 
@@ -231,7 +233,7 @@ def test_the_decode_phase_times_every_case_and_its_pixels_agree(
     rc, result = decode_phase(tiny_root, tmp_path / "decode.json", "cpu")
     assert rc == 0, result
     cases = {(case["library"], case["kind"]): case for case in result["cases"]}
-    assert set(cases) == set(gpu.DECODE_CASES)
+    assert set(cases) == set(decode_bench.DECODE_CASES)
     installed = {"nvimgcodec": importlib.util.find_spec("nvidia.nvimgcodec") is not None}
     for (library, kind), case in cases.items():
         if not installed.get(library, True):
@@ -248,7 +250,7 @@ def test_the_decode_phase_times_every_case_and_its_pixels_agree(
         assert agree["nvimgcodec whole vs torchcodec whole"]["max_abs"] == 0
         assert agree["nvimgcodec region vs its whole decode, cut"]["max_abs"] == 0
 
-    section = "\n".join(gpu.decode_lines(result))
+    section = "\n".join(gpu_report.decode_lines(result))
     assert "| torchcodec | full | ok | " in section and "whole, then cut" in section
     assert "not GPU figures" in section
 
@@ -259,26 +261,30 @@ def test_the_decode_phase_on_cuda_without_a_gpu_is_skipped_not_failed(
 ) -> None:
     rc, result = decode_phase(tiny_root, tmp_path / "decode.json", "cuda")
     assert rc == 0 and result["skipped"] == "no CUDA"
-    assert gpu.decode_lines(result)[-1] == "skipped: no CUDA"
+    assert gpu_report.decode_lines(result)[-1] == "skipped: no CUDA"
 
 
 def test_a_missing_library_fails_the_decode_phase_on_a_gpu_only() -> None:
-    rows = [{"library": name, "kind": kind, "status": "ok"} for name, kind in gpu.DECODE_CASES]
+    rows = [
+        {"library": name, "kind": kind, "status": "ok"} for name, kind in decode_bench.DECODE_CASES
+    ]
     missing = [*rows[:-1], {**rows[-1], "status": "unavailable"}]
     failed = [*rows[:-1], {**rows[-1], "status": "failed"}]
-    assert gpu.decode_exit_code({"device": "cuda", "cases": rows}) == 0
-    assert gpu.decode_exit_code({"device": "cuda", "cases": missing}) == 1
-    assert gpu.decode_exit_code({"device": "cpu", "cases": missing}) == 0
-    assert gpu.decode_exit_code({"device": "cpu", "cases": failed}) == 1
+    assert decode_bench.decode_exit_code({"device": "cuda", "cases": rows}) == 0
+    assert decode_bench.decode_exit_code({"device": "cuda", "cases": missing}) == 1
+    assert decode_bench.decode_exit_code({"device": "cpu", "cases": missing}) == 0
+    assert decode_bench.decode_exit_code({"device": "cpu", "cases": failed}) == 1
 
 
 def test_cases_a_crash_cut_short_fail_the_phase_and_show_as_not_run() -> None:
     """decode.json is saved after every case: a library that takes the process down leaves
     the rows before it, and the report names the ones that never ran."""
-    rows = [{"library": name, "kind": kind, "status": "ok"} for name, kind in gpu.DECODE_CASES]
+    rows = [
+        {"library": name, "kind": kind, "status": "ok"} for name, kind in decode_bench.DECODE_CASES
+    ]
     partial = {"device": "cuda", "cases": rows[:2], "gpu": "H200"}
-    assert gpu.decode_exit_code(partial) == 1
-    section = "\n".join(gpu.decode_lines(partial))
-    last_name, last_kind = gpu.DECODE_CASES[-1]
+    assert decode_bench.decode_exit_code(partial) == 1
+    section = "\n".join(gpu_report.decode_lines(partial))
+    last_name, last_kind = decode_bench.DECODE_CASES[-1]
     assert f"| {last_name} | {last_kind} | not run |" in section
-    assert section.count("| not run |") == len(gpu.DECODE_CASES) - 2
+    assert section.count("| not run |") == len(decode_bench.DECODE_CASES) - 2

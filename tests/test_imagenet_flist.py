@@ -3,7 +3,6 @@ the same as the ImageFolder labels of the same files, for every loader."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import random
 import shutil
@@ -18,8 +17,8 @@ from torch import Tensor
 
 from loaderbench.config import DatasetConfig
 from loaderbench.data import DatasetError, DatasetIndex, discover, parse_wnid
-from loaderbench.loaders import build_loader
-from tests.conftest import cpu_spec, run_entry, single_run
+from loaderbench.loaders import build_loader, loader_names
+from tests.conftest import cpu_spec, loader_folders, run_entry, single_run
 
 pytestmark = pytest.mark.filterwarnings(
     "ignore:The image decoding and encoding capabilities of TorchVision:DeprecationWarning"
@@ -119,10 +118,11 @@ def test_file_list_of_one_class_is_refused(tiny_root: Path, tmp_path: Path) -> N
         flist_index(tiny_root, train_list, val_list)
 
 
-@pytest.mark.parametrize("loader_name", ["torchvision", "spdl"])
+@pytest.mark.parametrize("loader_name", loader_names())
 def test_loaders_read_file_list_splits(tiny_root: Path, tmp_path: Path, loader_name: str) -> None:
     index = flist_index(tiny_root, *write_file_lists(tiny_root, tmp_path))
-    spec = cpu_spec(index.val, False, loader=loader_name, batch_size=4, on_error="raise")
+    own = loader_folders(loader_name, tmp_path)
+    spec = cpu_spec(index.val, False, loader=loader_name, batch_size=4, on_error="raise", **own)
     loader = build_loader(spec)
     try:
         labels = torch.cat([b.labels for b in loader]).tolist()
@@ -131,13 +131,8 @@ def test_loaders_read_file_list_splits(tiny_root: Path, tmp_path: Path, loader_n
     assert labels == list(index.val.labels)  # val keeps the list's order
 
 
-LOADERS = ["torchvision", "spdl"] + (
-    ["memmap"] if importlib.util.find_spec("loaderbench.loaders.memmap.loader") else []
-)
-
-
 @pytest.mark.slow
-@pytest.mark.parametrize("loader_name", LOADERS)
+@pytest.mark.parametrize("loader_name", loader_names())
 def test_eval_py_runs_on_imagenet_file_lists(
     tiny_root: Path, tmp_path: Path, loader_name: str
 ) -> None:

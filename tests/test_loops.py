@@ -126,3 +126,21 @@ def test_evaluation_reads_its_counts_once_at_the_end() -> None:
         counts = evaluate(model, InMemoryLoader(20), precision, torch.device("cpu"), LoopMeter())
     assert counts.images == 80
     assert reads.count == 3  # top1, top5, loss sum
+
+
+def test_top1_and_top5_count_the_labels_ranked_first_and_in_the_first_five() -> None:
+    """Ten classes, so that top-5 is not 1 by construction: each count against the true
+    label's rank among the logits, worked out image by image."""
+    loader = InMemoryLoader(6, classes=10)
+    model = Tiny(classes=10)
+    precision = PRECISIONS["fp32"][0]
+    counts = evaluate(model, loader, precision, torch.device("cpu"), LoopMeter())
+    ranks = []
+    for batch in loader.batches:
+        logits = model(batch.images)
+        for row, label in zip(logits.tolist(), batch.labels.tolist(), strict=True):
+            ranks.append(sum(value > row[label] for value in row))
+    assert counts.images == len(ranks) == 24
+    assert counts.correct_top1 == sum(rank == 0 for rank in ranks)
+    assert counts.correct_top5 == sum(rank < 5 for rank in ranks)
+    assert 0 < counts.correct_top5 < counts.images  # a case where top-5 can miss

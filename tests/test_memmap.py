@@ -673,16 +673,6 @@ def test_the_jpeg_store_decoded_as_one_batch_gives_the_threads_batches(
     assert_same_batches(in_threads, batched)
 
 
-def test_data_parallel_ranks_share_val_exactly_once(tiny_root: Path, tmp_path: Path) -> None:
-    index = index_of(tiny_root)
-    labels = []
-    for rank in range(2):
-        loader = make_loader(index.val, tmp_path, train=False, rank=rank, world_size=2)
-        labels += torch.cat([b.labels for b in loader]).tolist()
-        loader.close()
-    assert sorted(labels) == sorted(index.val.labels)
-
-
 def test_held_batches_are_never_overwritten(tiny_root: Path, tmp_path: Path) -> None:
     """Output buffers are reused, but only once nothing refers to them."""
     index = index_of(tiny_root)
@@ -738,8 +728,8 @@ def test_train_py_trains_with_loader_memmap_then_reuses_the_cache(
     _, metrics = single_run(tmp_path, "train")
     assert metrics["status"] == "ok" and metrics["loader"] == "memmap"
     assert metrics["images"] == 24 // 8 * 8 and metrics["epochs"] == 1
-    # 3 classes: every label is in the top 5; top1 is a count of the 12 val images.
-    assert metrics["top5"] == 1.0 and metrics["val_size"] == 12
+    # top1 is a count of the 12 val images (top5: tests/test_loops.py, with 10 classes).
+    assert metrics["val_size"] == 12
     assert metrics["top1"] * 12 == pytest.approx(round(metrics["top1"] * 12), abs=1e-9)
     assert metrics["skipped_files"] == 0 and metrics["loader_train_cache_built"] is True
     # 64 px: train rows are the 192 px store canvas (train_store_min_side), val rows the crop.

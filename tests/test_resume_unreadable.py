@@ -1,6 +1,8 @@
 """A run preempted after its loader left out an all-unreadable batch continues from the right
 place in the epoch's order: the resumed run ends with the weights and the step count of an
-uninterrupted run, in every loader (issue 29, A3).
+uninterrupted run, in every loader (issue 29, A3). A loader's ``position`` itself (the batches
+of the order gone through, a left-out one included) is the loader contract's
+(tests/test_loader_contract.py).
 
 Every loader leaves out a batch whose files are all unreadable, so an epoch takes fewer steps
 than it has batches in its order; a resume that skipped ``steps`` batches of the order would
@@ -17,15 +19,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from loaderbench.loaders import build_loader
+from loaderbench.loaders import loader_names
 from loaderbench.loaders.base import epoch_permutation, shard_indices
 from loaderbench.synthetic import SyntheticSpec, ensure_synthetic
-from tests.conftest import REPO, cpu_spec, folder_index, run_entry
+from tests.conftest import REPO, folder_index, loader_folder_overrides, run_entry
 from tests.test_distributed import finish, start_torchrun, torchrun
 
 pytestmark = pytest.mark.slow
 
-LOADERS = ["torchvision", "memmap", "spdl"]
 # 24 train images: 6 batches an epoch; the second of epoch 1 (seed 0) all unreadable files.
 BATCH, BAD_BATCH, BATCHES, EPOCHS = 4, 1, 6, 2
 RECIPE = [
@@ -100,15 +101,18 @@ def train_run(*overrides: str, run_dir: Path, preempt: bool) -> subprocess.Compl
     return proc
 
 
-@pytest.mark.parametrize("loader", LOADERS)
+@pytest.mark.parametrize("loader", loader_names())
 def test_a_resume_after_an_all_unreadable_batch_trains_no_batch_twice(
     loader: str, bad_batch_root: Path, tmp_path: Path
 ) -> None:
-    common = [f"dataset.root={bad_batch_root}", f"loader={loader}", *RECIPE]
-    if loader == "memmap":
-        # The cache is built without the unreadable files; a batch of them all is left out
-        # when an epoch meets it, as in the other loaders.
-        common.append(f"loader.cache_dir={tmp_path / 'cache'}")
+    # (memmap builds its cache without the unreadable files; a batch of them all is left out
+    # when an epoch meets it, as in the other loaders.)
+    common = [
+        f"dataset.root={bad_batch_root}",
+        f"loader={loader}",
+        *RECIPE,
+        *loader_folder_overrides(loader, tmp_path),
+    ]
     whole_dir, run_dir = tmp_path / "whole" / "run", tmp_path / "preempted" / "run"
     for folder in (whole_dir.parent, run_dir.parent):
         folder.mkdir(parents=True)
@@ -193,28 +197,3 @@ def test_a_checkpoint_without_positions_resumes_from_its_steps(
     proc = run_entry("train.py", *common, "train.resume=true", f"checkpoint={old}", cwd=tmp_path)
     said = proc.stdout + proc.stderr
     assert f"and {BAD_BATCH + 1} steps (batch {BAD_BATCH + 1} of its order on)" in said, said
-
-
-@pytest.mark.parametrize("loader", LOADERS)
-def test_position_counts_the_batches_left_out(
-    loader: str, bad_batch_root: Path, tmp_path: Path
-) -> None:
-    """``Loader.position`` after each batch handed over: the batches of the order gone
-    through, the left-out one included; from a position on, the epoch serves the rest, and
-    from its end nothing."""
-    cache = {"cache_dir": str(tmp_path / "cache")} if loader == "memmap" else {}
-    train = folder_index(bad_batch_root).train
-    spec = cpu_spec(train, True, loader=loader, batch_size=BATCH, **cache)
-    with build_loader(spec) as built:
-        served = []
-        built.set_epoch(0)
-        for _ in built:
-            served.append(built.position)
-        assert served == [1, 3, 4, 5, 6]  # the second batch (order index 1) was left out
-        resumed = []
-        built.set_epoch(0, BAD_BATCH + 2)
-        for _ in built:
-            resumed.append(built.position)
-        assert resumed == [4, 5, 6]
-        built.set_epoch(0, BATCHES)
-        assert list(built) == [] and built.position == BATCHES

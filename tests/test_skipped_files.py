@@ -1,22 +1,21 @@
 """``skipped_files`` counts distinct files: the same number in every loader, on one rank or two,
-after one epoch or three; ``loader_<split>_skipped_files`` is each split's, over every rank."""
+after one epoch or three; ``loader_<split>_skipped_files`` is each split's, over every rank.
+Each loader's own count (one rank or two, epoch after epoch) is the loader contract's
+(tests/test_loader_contract.py); here the session's union and a real two-rank job."""
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 
 import pytest
 
-from loaderbench.data import Split
-from loaderbench.loaders import build_loader
+from loaderbench.loaders import loader_names
 from loaderbench.loaders.base import epoch_permutation, shard_indices
 from loaderbench.session import skipped_counts, skipped_over_ranks
 from loaderbench.synthetic import SyntheticSpec, ensure_synthetic
-from tests.conftest import cpu_spec, folder_index, single_run
+from tests.conftest import folder_index, loader_folder_overrides, single_run
 from tests.test_distributed import torchrun
 
-LOADERS = ["torchvision", "memmap", "spdl"]
 BAD_TRAIN, BAD_VAL = 5, 3  # the unreadable file of each split (its index)
 
 
@@ -30,48 +29,6 @@ def two_bad_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     for path in (index.train.paths[BAD_TRAIN], index.val.paths[BAD_VAL]):
         Path(path).write_bytes(b"not an image")
     return root
-
-
-def skipped_by_rank(
-    name: str, split: Split, train: bool, world_size: int, epochs: int, tmp_path: Path
-) -> list[list[frozenset[int]]]:
-    """Each rank's ``skipped_indices`` after each of ``epochs`` epochs (one loader a rank)."""
-    cache = {"cache_dir": str(tmp_path / "cache")} if name == "memmap" else {}
-    by_rank = []
-    for rank in range(world_size):
-        spec = cpu_spec(
-            split, train, loader=name, batch_size=4, rank=rank, world_size=world_size, **cache
-        )
-        after_epoch = []
-        with build_loader(spec) as loader:
-            for epoch in range(epochs):
-                loader.set_epoch(epoch)
-                for _ in loader:
-                    pass
-                after_epoch.append(loader.skipped_indices())
-                assert loader.stats()["skipped_files"] == len(after_epoch[-1])
-        by_rank.append(after_epoch)
-    return by_rank
-
-
-@pytest.mark.parametrize("name", LOADERS)
-def test_a_skipped_file_counts_once_over_epochs_and_ranks(
-    name: str, two_bad_root: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
-) -> None:
-    """One rank: the bad file counted (and named) once, after one epoch as after three. Two
-    ranks: each counts only what its own share met; their union is the file, once."""
-    index = folder_index(two_bad_root)
-    caplog.set_level(logging.WARNING)
-    for split, train, bad in ((index.train, True, BAD_TRAIN), (index.val, False, BAD_VAL)):
-        caplog.clear()
-        (alone,) = skipped_by_rank(name, split, train, 1, 3, tmp_path)
-        assert alone == [{bad}] * 3, split.name
-        assert caplog.text.count(f"unreadable image {split.paths[bad]}:") == 1, caplog.text
-        ranks = skipped_by_rank(name, split, train, 2, 3, tmp_path)
-        assert all(after <= {bad} for epochs in ranks for after in epochs), ranks
-        assert ranks[0][-1] | ranks[1][-1] == {bad}, split.name
-        if not train:  # val: every epoch the same shares, the file in one rank's only
-            assert sorted(len(epochs[-1]) for epochs in ranks) == [0, 1]
 
 
 def test_the_session_counts_distinct_files_per_split_and_in_all(two_bad_root: Path) -> None:
@@ -92,7 +49,7 @@ def test_the_session_counts_distinct_files_per_split_and_in_all(two_bad_root: Pa
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", LOADERS)
+@pytest.mark.parametrize("name", loader_names())
 def test_two_ranks_three_epochs_report_each_skipped_file_once(
     name: str, two_bad_root: Path, tmp_path: Path
 ) -> None:
@@ -103,7 +60,6 @@ def test_two_ranks_three_epochs_report_each_skipped_file_once(
         for order in (epoch_permutation(16, 0, epoch, shuffle=True) for epoch in range(3))
     ]
     assert set.union(*meets) == {0, 1}  # the premise, for seed 0
-    cache = [f"loader.cache_dir={tmp_path / 'cache'}"] if name == "memmap" else []
     torchrun(
         "device=cpu",
         f"loader={name}",
@@ -114,7 +70,7 @@ def test_two_ranks_three_epochs_report_each_skipped_file_once(
         "loader.batch_size=4",
         "loader.num_workers=1",
         "logger=none",
-        *cache,
+        *loader_folder_overrides(name, tmp_path),
         cwd=tmp_path,
         timeout=300,
     )

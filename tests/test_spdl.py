@@ -19,14 +19,10 @@ from loaderbench.images import load_rgb
 from loaderbench.loaders import LoaderSpec, build_loader
 from loaderbench.loaders.base import epoch_permutation, shard_indices
 from loaderbench.loaders.spdl import decoders
-from loaderbench.loaders.spdl.decoders import (
-    Geometry,
-    apply_plan,
-    ffmpeg_filter,
-    val_plan,
-)
+from loaderbench.loaders.spdl.geometry import Geometry
 from loaderbench.loaders.spdl.loader import SpdlLoader, epoch_samples
-from loaderbench.transforms import pil_val_transform, seeded_crops
+from loaderbench.loaders.spdl.records import Sample
+from loaderbench.transforms import pil_val_transform
 from tests.conftest import cpu_spec, run_entry, single_run
 
 # torchvision 0.29 deprecates its codecs (the decoders filter it; pytest resets the filters).
@@ -163,7 +159,7 @@ class Tolerance:
 #          original (``val_region_plan``: its edges rounded to whole source pixels, so the
 #          crop is up to half a source pixel off the reference's): at 64 px mean 0.50, worst
 #          0.79, p99 6, max 27; at 224 px mean 0.78-0.91, worst 1.60, p99 5-6, max 65. The
-#          same top-1 within 0.2 points of torchvision's on 1000 val images (decode.py);
+#          same top-1 within 0.2 points of torchvision's on 1000 val images (docs/decoding.md);
 #          decoding the whole image (no region backend): mean 0.002, p99 0, max 1.
 #   ffmpeg (FFmpeg's decoder and scaler): at 64 px mean 0.46, worst 0.70, p99 6, max 31;
 #          at 224 px mean 0.93, worst 1.26, p99 9, max 84 (colour edges: its chroma upsampling
@@ -204,64 +200,6 @@ def test_val_images_match_the_torchvision_reference(
     tiny_root: Path, decoder: str, size: int
 ) -> None:
     assert_matches_reference(tiny_root, decoder, size)
-
-
-def test_val_geometry_is_resize_short_side_then_centre_crop() -> None:
-    # Landscape 500x375 -> 341x256 (torchvision truncates the long side), centre 224.
-    plan = val_plan(375, 500, 224)
-    assert plan.resize == (256, 341) and plan.crop == (16, 58, 224, 224)
-    assert val_plan(500, 333, 224).resize == (384, 256)  # portrait: int(256 * 500 / 333)
-    # Not SPDL's default letterbox (scale + pad): scale keeps the aspect, crop, no pad.
-    text = ffmpeg_filter(plan, 375, 500)
-    assert "scale=w=341:h=256" in text and "crop=w=224:h=224:x=58:y=16" in text
-    assert "pad" not in text and text.endswith("format=pix_fmts=rgb24")
-
-
-def test_val_region_is_the_centre_crop_in_the_originals_pixels() -> None:
-    """The region decoders' val plan: the reference's centre crop (16, 58, 224, 224) of the
-    341x256 resize, mapped back to the 500x375 original and rounded to whole pixels."""
-    plan = decoders.val_region_plan(375, 500, 224)
-    assert plan == decoders.Plan(box=(23, 85, 329, 328), resize=(224, 224))
-    for height, width in ((375, 500), (500, 333), (64, 64), (1000, 90)):
-        top, left, h, w = decoders.val_region_plan(height, width, 64).box
-        assert 0 <= top and 0 <= left and top + h <= height and left + w <= width
-    # Taken where the JPEG backend decodes regions; FFmpeg decodes whole, as the reference.
-    turbo = decoders.TurboDecoder(Geometry(64, train=False), torch.device("cpu"))
-    assert turbo.geometry.val_region is turbo.decodes_regions()
-    ffmpeg = decoders.FFmpegDecoder(Geometry(64, train=False), torch.device("cpu"))
-    assert not ffmpeg.geometry.val_region and not ffmpeg.decodes_regions()
-
-
-def opened(sizes: list[tuple[int, int]], epoch: int = 0) -> list[decoders.Opened]:
-    """Images of (height, width) as the decode stage sees them after reading their headers."""
-    return [
-        decoders.Opened(decoders.Sample(i, f"{i}.jpg", 0, epoch), h, w, None)
-        for i, (h, w) in enumerate(sizes)
-    ]
-
-
-def test_train_crops_are_seeded_rrc_boxes_of_the_true_sizes() -> None:
-    sizes = [(375, 500), (500, 333), (90, 120)] * 70
-    geometry = Geometry(64, train=True, seed=11)
-    plans = geometry.plans(opened(sizes))
-    assert plans == geometry.plans(opened(sizes))  # reproducible from (seed, epoch, image)
-    assert plans != Geometry(64, train=True, seed=12).plans(opened(sizes))
-    assert plans != geometry.plans(opened(sizes, epoch=1))
-    for (height, width), plan in zip(sizes, plans, strict=True):
-        top, left, h, w = plan.box
-        assert 0 <= top and 0 <= left and top + h <= height and left + w <= width
-        assert 0.08 * height * width * 0.9 <= h * w <= height * width and plan.resize == (64, 64)
-    assert len({plan.box for plan in plans}) > 150  # drawn per image, not once per batch
-    flips = sum(plan.flip for plan in plans)
-    assert 60 < flips < 150
-    image = torch.arange(3 * 375 * 500, dtype=torch.int64).reshape(3, 375, 500).to(torch.uint8)
-    assert apply_plan(image, plans[0]).shape == (3, 64, 64)
-    # The shared sampler, the same boxes the other loaders draw for these images.
-    boxes, _ = seeded_crops([h for h, _ in sizes], [w for _, w in sizes], 11, 0, range(210))
-    assert [plan.box for plan in plans] == [tuple(b) for b in boxes.tolist()]
-    # augment.scale / augment.ratio reach the sampler: the whole 4:3 image, only.
-    whole = Geometry(64, train=True, scale=(1.0, 1.0), ratio=(4 / 3, 4 / 3))
-    assert {plan.box for plan in whole.plans(opened([(375, 500)] * 5))} == {(0, 0, 375, 500)}
 
 
 @pytest.mark.parametrize("decoder", CPU_DECODERS)
@@ -334,18 +272,6 @@ def test_unreadable_file_raises_naming_it(damaged_root: Path, decoder: str, bad:
             pass
     loader.close()
     assert spdl_threads() <= before
-
-
-def test_spdl_settings_refuse_an_unknown_decoder_and_timeout() -> None:
-    from loaderbench.loaders.settings import failed_checks
-    from loaderbench.loaders.spdl.settings import Settings
-
-    assert failed_checks(Settings(name="spdl").checks()) == []
-    problems = failed_checks(Settings(name="spdl", decoder="nope", timeout_s=0.0).checks())
-    assert problems == [
-        "loader.decoder must be one of ['ffmpeg', 'nvjpeg', 'turbo'], got 'nope'",
-        "loader.timeout_s must be > 0 or null, got 0.0",
-    ]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -461,9 +387,7 @@ def test_nvjpeg_batch_logic_runs_off_the_gpu(
     decoder = decoders.NvjpegDecoder(Geometry(64, train=False), torch.device("cpu"))
     paths = [*index.val.paths, str(tmp_path / "zz_bogus_huffman.JPEG")]
     labels = [*index.val.labels, 0]
-    samples = [
-        decoders.Sample(i, p, lab, 0) for i, (p, lab) in enumerate(zip(paths, labels, strict=True))
-    ]
+    samples = [Sample(i, p, lab, 0) for i, (p, lab) in enumerate(zip(paths, labels, strict=True))]
     buffers = BatchBuffers(len(samples), (3, 64, 64), capacity=2, pin=False)
     read = decoder.decode_batch(samples, buffers)
     # The truncated file is refused on opening, by PIL (``images.jpeg_ends``); the PNG named

@@ -12,7 +12,7 @@ import torch
 from PIL import Image
 
 from loaderbench.loaders import build_loader
-from loaderbench.loaders.spdl import decoders
+from loaderbench.loaders.spdl.geometry import val_region_plan
 from tests.conftest import READERS, cpu_spec, folder_index
 
 SIZE = 32
@@ -44,17 +44,17 @@ def thin_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_the_val_region_of_a_thin_image_is_never_empty() -> None:
     for height, width in ((1, 1000), (1000, 1), (1, 1), (2, 5000), (3, 100_000), (375, 500)):
         for size in (32, 224):
-            top, left, h, w = decoders.val_region_plan(height, width, size).box
+            top, left, h, w = val_region_plan(height, width, size).box
             assert h >= 1 and w >= 1, (height, width, size)
             assert top >= 0 and left >= 0 and top + h <= height and left + w <= width
     # The long side of a 1 x 1000 image: the two source pixels the reference blends there,
     # at its scale (2 x 256) and cut where it cuts (its crop starts at 127888 = 499 * 256 + 144).
-    wide = decoders.val_region_plan(1, 1000, 224)
+    wide = val_region_plan(1, 1000, 224)
     assert (wide.box, wide.resize, wide.crop) == ((0, 499, 1, 2), (224, 512), (0, 144, 224, 224))
-    tall = decoders.val_region_plan(1000, 1, 224)
+    tall = val_region_plan(1000, 1, 224)
     assert (tall.box, tall.resize, tall.crop) == ((499, 0, 2, 1), (512, 224), (144, 0, 224, 224))
     # Boxes that round to whole pixels are unchanged (the measured geometry of the photos).
-    assert decoders.val_region_plan(375, 500, 224).box == (23, 85, 329, 328)
+    assert val_region_plan(375, 500, 224).box == (23, 85, 329, 328)
 
 
 def read_all(root: Path, train: bool, loader: str, options: dict, tmp_path: Path):

@@ -3,6 +3,7 @@ the loop that ties them; every step returns its numbers and the task records the
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -11,11 +12,12 @@ from typing import Any
 
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 from torch import nn
 
 from loaderbench.autotune import evaluation_workload, settle_num_workers, training_workload
 from loaderbench.checkpoint import load_checkpoint
+from loaderbench.config import ModelConfig
 from loaderbench.engine import consume
 from loaderbench.fitting import evaluation_pass
 from loaderbench.fitting import fit as fit_epochs
@@ -52,7 +54,7 @@ def run_job(task: Callable[[DictConfig], dict[str, Any]], cfg: DictConfig) -> fl
 def measure_loader(session: Session, loader: Loader, epochs: int) -> dict[str, Any]:
     """model=none: the loader alone, over ``epochs`` passes."""
     meter, window = session.meter(), CpuWindow(session.monitor)
-    name = session.cfg.loader.name
+    name, bench = session.config.loader.name, session.config.bench
     with session.keep_partial(meter, window):
         for epoch in range(epochs):
             loader.set_epoch(epoch)
@@ -60,7 +62,7 @@ def measure_loader(session: Session, loader: Loader, epochs: int) -> dict[str, A
                 consume(
                     loader,
                     meter,
-                    max_batches=session.cfg.bench.max_batches,
+                    max_batches=bench.max_batches,
                     desc=f"{name} epoch {epoch}",
                 )
     return session.loop_metrics(meter, window)
@@ -71,23 +73,24 @@ def evaluate_model(session: Session, model: nn.Module, loader: Loader) -> dict[s
     meter, window = session.meter(), CpuWindow(session.monitor)
     with window:
         counts = evaluation_pass(
-            session, model, loader, meter, max_batches=session.cfg.bench.max_batches
+            session, model, loader, meter, max_batches=session.config.bench.max_batches
         )
     return {**session.loop_metrics(meter, window), **counts.metrics()}
 
 
 def train(cfg: DictConfig) -> dict[str, Any]:
+    """train.py's task on the composed ``cfg`` (converted once, by ``open_session``)."""
     with open_session(cfg, "train") as session:
-        model = build_model(cfg.model, session.dataset.num_classes, session.device)
-        settle_num_workers(session, training_workload(session, model, cfg.image_size))
-        with session.open_loader("train", train=True, image_size=cfg.image_size) as loader:
+        config = session.config
+        image_size = config.image_size
+        model = build_model(config.model, session.dataset.num_classes, session.device)
+        settle_num_workers(session, training_workload(session, model, image_size))
+        with session.open_loader("train", train=True, image_size=image_size) as loader:
             if model is None:
-                session.record(measure_loader(session, loader, cfg.bench.epochs))
-                session.record(epochs=cfg.bench.epochs)
+                session.record(measure_loader(session, loader, config.bench.epochs))
+                session.record(epochs=config.bench.epochs)
             else:
-                with session.open_loader(
-                    "val", train=False, image_size=cfg.image_size
-                ) as val_loader:
+                with session.open_loader("val", train=False, image_size=image_size) as val_loader:
                     for epoch_metrics in fit_epochs(session, model, loader, val_loader):
                         session.record(epoch_metrics)
     return session.metrics
@@ -105,34 +108,39 @@ class Trained:
 
 def load_trained(session: Session) -> Trained:
     """checkpoint=PATH's model, checked against the dataset and the command line."""
-    cfg = session.cfg
-    if cfg.checkpoint is None:
+    path, asked = session.config.checkpoint, session.config.model
+    if path is None:
         raise ValueError(
             "eval.py needs checkpoint=PATH (or model=none to measure the loader alone)"
         )
-    state = load_checkpoint(cfg.checkpoint)
-    trained = OmegaConf.create(state["config"])
+    state = load_checkpoint(path)
+    saved = state["config"]  # the training run's config, as composed
     if list(state["classes"]) != list(session.dataset.classes):
         raise ValueError(
-            f"checkpoint {cfg.checkpoint} was trained on {len(state['classes'])} classes "
+            f"checkpoint {path} was trained on {len(state['classes'])} classes "
             f"that differ from the {session.dataset.num_classes} classes of "
             f"{session.dataset.root}"
         )
-    model_cfg = trained.model
-    if cfg.model.name != "from_checkpoint":
-        if cfg.model.name != trained.model.name:
+    model_config = saved_model_config(saved["model"])
+    if asked.name != "from_checkpoint":
+        if asked.name != model_config.name:
             raise ValueError(
-                f"model.name={cfg.model.name!r} but checkpoint {cfg.checkpoint} holds "
-                f"{trained.model.name!r}; leave model unset to use the checkpoint's"
+                f"model.name={asked.name!r} but checkpoint {path} holds "
+                f"{model_config.name!r}; leave model unset to use the checkpoint's"
             )
-        model_cfg = cfg.model
-    model = build_model(
-        OmegaConf.merge(model_cfg, {"pretrained": False}), len(state["classes"]), session.device
-    )
+        model_config = asked
+    model_config = dataclasses.replace(model_config, pretrained=False)
+    model = build_model(model_config, len(state["classes"]), session.device)
     assert model is not None
     model.load_state_dict(state["model"])
-    checkpoint = str(Path(cfg.checkpoint).absolute())
-    return Trained(model, trained.model.name, trained.image_size, checkpoint)
+    checkpoint = str(Path(path).absolute())
+    return Trained(model, saved["model"]["name"], saved["image_size"], checkpoint)
+
+
+def saved_model_config(saved: dict[str, Any]) -> ModelConfig:
+    """A checkpoint's ``model`` config, typed (keys a later version dropped left out)."""
+    known = {item.name for item in dataclasses.fields(ModelConfig)}
+    return ModelConfig(**{key: value for key, value in saved.items() if key in known})
 
 
 def eval_image_size(requested: int | None, trained: Trained | None) -> int:
@@ -150,9 +158,11 @@ def eval_image_size(requested: int | None, trained: Trained | None) -> int:
 
 
 def evaluate_checkpoint(cfg: DictConfig) -> dict[str, Any]:
+    """eval.py's task on the composed ``cfg`` (converted once, by ``open_session``)."""
     with open_session(cfg, "eval") as session:
-        trained = load_trained(session) if cfg.model.name != NO_MODEL else None
-        image_size = eval_image_size(cfg.image_size, trained)
+        config = session.config
+        trained = load_trained(session) if config.model.name != NO_MODEL else None
+        image_size = eval_image_size(config.image_size, trained)
         session.record(image_size=image_size)
         if trained is not None:
             session.record(model=trained.name, checkpoint=trained.checkpoint)
@@ -161,8 +171,8 @@ def evaluate_checkpoint(cfg: DictConfig) -> dict[str, Any]:
         settle_num_workers(session, workload)
         with session.open_loader("val", train=False, image_size=image_size) as loader:
             if trained is None:
-                session.record(measure_loader(session, loader, cfg.bench.epochs))
+                session.record(measure_loader(session, loader, config.bench.epochs))
             else:
-                model = maybe_compile(trained.model, cfg.model)
+                model = maybe_compile(trained.model, config.model)
                 session.record(evaluate_model(session, model, loader))
     return session.metrics

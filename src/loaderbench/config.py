@@ -1,4 +1,11 @@
-"""Structured-config schemas: every key a user can set, with its type.
+"""The run's typed config: every key a user can set, with its type, default and range.
+
+``RunConfig`` is the whole run (one field per group under ``conf/``: ``dataset``, ``loader``,
+``model``, ``device``, ``precision``, ``logger``, ``optim``, ``scheduler``, ``augment``,
+``train``, ``bench``, ``runtime``). Hydra composes the YAML against these schemas, and
+``loaderbench.validation.validate_config`` converts the composed node into a ``RunConfig``
+once, range checks included (each dataclass's ``checks``, each naming its key); the run's
+rooms then take the typed piece they need and never read the composed node again.
 
 Each config group under ``conf/`` pulls in its schema from here through its defaults list
 (``defaults: [<group>_schema]``), so an override with a wrong type or an unknown key fails
@@ -17,8 +24,16 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, OmegaConf
 
 from loaderbench.loaders import LoaderSettings, loader_names, settings_class
+from loaderbench.loaders.settings import Check
 
 ON_ERROR = ("skip", "raise")
+
+
+def range_pair(values: list[float], key: str) -> Check:
+    """``values`` as two numbers ``0 < low <= high``."""
+    pair = list(values)
+    ok = len(pair) == 2 and 0 < pair[0] <= pair[1]
+    return ok, f"{key} must be two numbers 0 < low <= high", pair
 
 
 @dataclass
@@ -59,6 +74,25 @@ class DatasetConfig:
     # Scan the tree again instead of loading a saved index (files rewritten in place).
     rescan: bool = False
 
+    def checks(self) -> list[Check]:
+        return [
+            (
+                self.max_images is None or self.max_images >= 1,
+                "dataset.max_images must be >= 1 or null",
+                self.max_images,
+            ),
+            (
+                self.max_image_pixels is None or self.max_image_pixels >= 1,
+                "dataset.max_image_pixels must be >= 1 or null",
+                self.max_image_pixels,
+            ),
+            (
+                self.on_error in ON_ERROR,
+                f"dataset.on_error must be one of {list(ON_ERROR)}",
+                self.on_error,
+            ),
+        ]
+
 
 @dataclass
 class ModelConfig:
@@ -98,6 +132,10 @@ class LoggerConfig:
     # train.py: the last checkpoint as a W&B artifact (type model, named after the run).
     log_checkpoint: bool = False
 
+    def checks(self) -> list[Check]:
+        every = self.log_every_n_steps
+        return [(every >= 1, "logger.log_every_n_steps must be >= 1", every)]
+
 
 @dataclass
 class OptimConfig:
@@ -131,6 +169,13 @@ class BenchConfig:
     # (posix_fadvise DONTNEED), to measure a cold first epoch.
     drop_page_cache: bool = False
 
+    def checks(self) -> list[Check]:
+        warmup, most = self.warmup_batches, self.max_batches
+        return [
+            (warmup >= 0, "bench.warmup_batches must be >= 0", warmup),
+            (most is None or most >= 1, "bench.max_batches must be >= 1 or null", most),
+        ]
+
 
 @dataclass
 class AugmentConfig:
@@ -139,6 +184,9 @@ class AugmentConfig:
     # Area fraction and aspect-ratio range of the crop; ImageNet's defaults.
     scale: list[float] = field(default_factory=lambda: [0.08, 1.0])
     ratio: list[float] = field(default_factory=lambda: [0.75, 1.3333333333333333])
+
+    def checks(self) -> list[Check]:
+        return [range_pair(self.scale, "augment.scale"), range_pair(self.ratio, "augment.ratio")]
 
 
 @dataclass
@@ -150,6 +198,16 @@ class TrainLoopConfig:
     # Stop after this many epochs in this run (a time-limited job that a resumed one continues).
     stop_after_epochs: int | None = None
 
+    def checks(self) -> list[Check]:
+        stop_after = self.stop_after_epochs
+        return [
+            (
+                stop_after is None or stop_after >= 1,
+                "train.stop_after_epochs must be >= 1",
+                stop_after,
+            )
+        ]
+
 
 @dataclass
 class RuntimeConfig:
@@ -157,10 +215,17 @@ class RuntimeConfig:
     # or torchrun, less its loader's workers; torch's default in a plain run).
     threads: int | None = None
 
+    def checks(self) -> list[Check]:
+        threads = self.threads
+        return [(threads is None or threads >= 1, "runtime.threads must be >= 1 or null", threads)]
+
 
 @dataclass
 class RunConfig:
-    """The primary config of train.py and eval.py."""
+    """The primary config of train.py and eval.py: Hydra's schema for composing it, and the
+    typed object the run takes once validated (``validate_config``). ``loader`` holds the
+    chosen loader's own ``Settings``; after ``loader.num_workers=auto`` the probe writes the
+    chosen count into it (``loaderbench.autotune``), so whatever reads it later sees the count."""
 
     task: str = MISSING
     seed: int = 0
@@ -168,12 +233,12 @@ class RunConfig:
     image_size: int | None = 64
     epochs: int = 1
     checkpoint: str | None = None
-    dataset: Any = MISSING
-    loader: Any = MISSING
-    model: Any = MISSING
-    device: Any = MISSING
-    precision: Any = MISSING
-    logger: Any = MISSING
+    dataset: DatasetConfig = MISSING
+    loader: LoaderSettings = MISSING
+    model: ModelConfig = MISSING
+    device: DeviceConfig = MISSING
+    precision: PrecisionConfig = MISSING
+    logger: LoggerConfig = MISSING
     optim: OptimConfig = field(default_factory=OptimConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     augment: AugmentConfig = field(default_factory=AugmentConfig)
@@ -181,7 +246,24 @@ class RunConfig:
     bench: BenchConfig = field(default_factory=BenchConfig)
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
 
+    def checks(self) -> list[Check]:
+        """Every range check of the run: the loader's first, then each group's."""
+        image_size = self.image_size
+        return [
+            *self.loader.checks(),
+            (image_size is None or image_size >= 8, "image_size must be >= 8", image_size),
+            (self.epochs >= 1, "epochs must be >= 1", self.epochs),
+            *self.train.checks(),
+            *self.logger.checks(),
+            *self.runtime.checks(),
+            *self.bench.checks(),
+            *self.dataset.checks(),
+            *self.augment.checks(),
+        ]
 
+
+# Each group's schema: what ``validate_config`` types the composed node's group as (the
+# loader's is the chosen loader's own ``Settings``, a subclass of ``LoaderSettings``).
 SCHEMAS: dict[str, type] = {
     "dataset": DatasetConfig,
     "loader": LoaderSettings,
@@ -189,7 +271,16 @@ SCHEMAS: dict[str, type] = {
     "device": DeviceConfig,
     "precision": PrecisionConfig,
     "logger": LoggerConfig,
+    "optim": OptimConfig,
+    "scheduler": SchedulerConfig,
+    "augment": AugmentConfig,
+    "train": TrainLoopConfig,
+    "bench": BenchConfig,
+    "runtime": RuntimeConfig,
 }
+
+# The groups Hydra's config store takes a ``<group>_schema`` entry for (``conf/<group>/``).
+STORED_GROUPS = ("dataset", "loader", "model", "device", "precision", "logger")
 
 
 # `model=<name>` for these timm architectures, with no YAML file each (conf/model/timm.yaml
@@ -216,8 +307,8 @@ def register_configs() -> None:
         )
     store = ConfigStore.instance()
     store.store(name="run_schema", node=RunConfig)
-    for group, schema in SCHEMAS.items():
-        store.store(group=group, name=f"{group}_schema", node=schema)
+    for group in STORED_GROUPS:
+        store.store(group=group, name=f"{group}_schema", node=SCHEMAS[group])
     for name in loader_names():  # each loader's own typed keys, from its package
         store.store(group="loader", name=f"{name}_schema", node=settings_class(name))
     for name in NAMED_MODELS:

@@ -14,12 +14,15 @@ import os
 import re
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-from omegaconf import DictConfig
 
 from loaderbench.dataset_index import MISSING_MTIME, indexed
 from loaderbench.splits import SPLITS, DatasetIndex, PathTable, Scanned, Split, stat_files
+
+if TYPE_CHECKING:  # the config imports the loaders, which import this module
+    from loaderbench.config import DatasetConfig
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 # A WordNet ID is a whole name: a class folder "n01440764", or a file name's prefix
@@ -181,30 +184,38 @@ def watch_folders(paths: Sequence[str], watched: dict[str, int]) -> None:
             watched[folder] = MISSING_MTIME
 
 
-def discover(cfg: DictConfig) -> DatasetIndex:
-    """The dataset a run uses, from its ``dataset`` config node."""
-    if cfg.root is None:
+def discover(dataset: DatasetConfig) -> DatasetIndex:
+    """The dataset a run uses, from its typed ``dataset`` config."""
+    if dataset.root is None:
         from loaderbench.synthetic import SyntheticSpec, ensure_synthetic
 
-        root = ensure_synthetic(SyntheticSpec(**cfg.synthetic), resolve_path(cfg.generated_dir))
+        synthetic = dataset.synthetic
+        spec = SyntheticSpec(
+            num_classes=synthetic.num_classes,
+            train_per_class=synthetic.train_per_class,
+            val_per_class=synthetic.val_per_class,
+            seed=synthetic.seed,
+            jpeg_quality=synthetic.jpeg_quality,
+        )
+        root = ensure_synthetic(spec, resolve_path(dataset.generated_dir))
     else:
-        root = resolve_path(cfg.root)
+        root = resolve_path(dataset.root)
         if not root.is_dir():
-            raise DatasetError(f"dataset.root={cfg.root!r}: folder {root} does not exist")
+            raise DatasetError(f"dataset.root={dataset.root!r}: folder {root} does not exist")
     lists: dict[str, Path] = {}
-    if cfg.train_list is not None or cfg.val_list is not None:
-        if cfg.train_list is None or cfg.val_list is None:
+    if dataset.train_list is not None or dataset.val_list is not None:
+        if dataset.train_list is None or dataset.val_list is None:
             raise DatasetError("dataset.train_list and dataset.val_list must be set together")
-        lists = {"train": resolve_path(cfg.train_list), "val": resolve_path(cfg.val_list)}
+        lists = {"train": resolve_path(dataset.train_list), "val": resolve_path(dataset.val_list)}
 
     def scan() -> Scanned:
         return scan_file_lists(root, lists) if lists else scan_image_folders(root)
 
-    if cfg.get("index_dir") is None:
+    if dataset.index_dir is None:
         index = scan()[0]
     else:
-        index = indexed(root, lists, resolve_path(cfg.index_dir), scan, rescan=cfg.rescan)
-    limit = cfg.get("max_images")
+        index = indexed(root, lists, resolve_path(dataset.index_dir), scan, rescan=dataset.rescan)
+    limit = dataset.max_images
     return DatasetIndex(
         index.root, index.classes, _limit(index.train, limit), _limit(index.val, limit)
     )

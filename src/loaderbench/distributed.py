@@ -14,6 +14,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from loaderbench.metrics import combine_over_ranks
+
 
 @dataclass(frozen=True)
 class DistInfo:
@@ -151,21 +153,5 @@ def gather_objects(value: Any) -> list[Any]:
 
 
 def reduce_loop_metrics(metrics: dict[str, Any], world_size: int) -> dict[str, Any]:
-    """Throughput and images add up over ranks; CPU and memory too; start-up takes the slowest
-    rank; shares are averaged."""
-    if world_size <= 1:
-        return metrics
-    keys_sum = ["images", "images_per_s", "images_per_s_end_to_end", "cpu_s", "loop_s"]
-    keys_max = ["ttfb_s"]
-    keys_mean = ["data_wait_frac"]
-    out = dict(metrics)
-    sums = all_reduce([float(metrics.get(k) or 0.0) for k in keys_sum])
-    maxes = all_reduce([float(metrics.get(k) or 0.0) for k in keys_max], op="max")
-    means = all_reduce([float(metrics.get(k) or 0.0) for k in keys_mean])
-    out.update(zip(keys_sum, sums, strict=True))
-    out.update(zip(keys_max, maxes, strict=True))
-    out.update({k: v / world_size for k, v in zip(keys_mean, means, strict=True)})
-    out["images"] = int(out["images"])
-    out["loop_s"] = out["loop_s"] / world_size
-    out["cpu_s_per_1k_images"] = 1000 * out["cpu_s"] / out["images"] if out["images"] else None
-    return out
+    """This rank's loop metrics combined over ranks, each as ``loaderbench.metrics`` declares."""
+    return combine_over_ranks(metrics, world_size, lambda values, op: all_reduce(values, op=op))

@@ -36,33 +36,26 @@ def progress(loader: Loader, desc: str) -> tqdm:
 
 
 @dataclass
-class TrainStep:
+class LossStep:
+    """A batch's forward pass and loss in the run's precision: the part of the training step
+    (``TrainStep``, which adds the optimizer's) that ``loader.num_workers=auto``'s probe runs
+    too (``autotune.model_step``), so the probe times the run's own forward and loss."""
+
     model: nn.Module
-    optimizer: torch.optim.Optimizer
-    scheduler: torch.optim.lr_scheduler.LRScheduler
     criterion: nn.Module
     precision: Precision
-    scaler: torch.amp.GradScaler
     device: torch.device
-    grad_clip: float | None = None
 
-    def __call__(self, batch: Batch) -> torch.Tensor:
-        if len(batch.labels):
-            with self.precision.autocast(self.device):
-                loss = self.criterion(self.model(batch.images), batch.labels)
-        else:
-            loss = self.no_contribution(batch.images)
-        self.optimizer.zero_grad(set_to_none=True)
-        self.scaler.scale(loss).backward()
-        if self.grad_clip:
-            self.scaler.unscale_(self.optimizer)
-            nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)
-        # fp16: with the fused optimizer the run builds on CUDA (``optim.fused_step``) the
-        # scaler passes its inf/NaN flag on the device; an unfused one would read it per step.
-        self.scaler.step(self.optimizer)
-        self.scaler.update()
-        self.scheduler.step()
-        return loss.detach()
+    def logits(self, images: torch.Tensor) -> torch.Tensor:
+        with self.precision.autocast(self.device):
+            return self.model(images)
+
+    def loss(self, batch: Batch) -> torch.Tensor:
+        """The batch's loss; a batch without images: ``no_contribution``."""
+        if not len(batch.labels):
+            return self.no_contribution(batch.images)
+        with self.precision.autocast(self.device):
+            return self.criterion(self.model(batch.images), batch.labels)
 
     def no_contribution(self, images: torch.Tensor) -> torch.Tensor:
         """The loss of a step without images (a rank whose batch was all unreadable files):
@@ -76,6 +69,31 @@ class TrainStep:
                 return self.model(blank).float().sum() * 0.0
         finally:
             self.model.train()
+
+
+@dataclass
+class TrainStep(LossStep):
+    """One optimizer step: ``LossStep``'s loss, its scaled backward pass, clipping, the
+    optimizer's and the schedule's step."""
+
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    scaler: torch.amp.GradScaler
+    grad_clip: float | None = None
+
+    def __call__(self, batch: Batch) -> torch.Tensor:
+        loss = self.loss(batch)
+        self.optimizer.zero_grad(set_to_none=True)
+        self.scaler.scale(loss).backward()
+        if self.grad_clip:
+            self.scaler.unscale_(self.optimizer)
+            nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)
+        # fp16: with the fused optimizer the run builds on CUDA (``optim.fused_step``) the
+        # scaler passes its inf/NaN flag on the device; an unfused one would read it per step.
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        self.scheduler.step()
+        return loss.detach()
 
 
 def read_scalar(value: torch.Tensor) -> float:

@@ -12,7 +12,6 @@ from typing import Any, NoReturn
 
 import numpy as np
 import torch
-from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
 from loaderbench import distributed
@@ -23,6 +22,7 @@ from loaderbench.checkpoint import (
     save_checkpoint,
     set_rng_state,
 )
+from loaderbench.config import BenchConfig, RunConfig
 from loaderbench.data import Split
 from loaderbench.engine import (
     EvalCounts,
@@ -36,6 +36,7 @@ from loaderbench.loaders import Loader
 from loaderbench.meters import Average, CpuWindow, IntervalRates, LoopMeter
 from loaderbench.models import maybe_compile
 from loaderbench.optim import build_optimizer, build_scheduler, load_optimizer_state
+from loaderbench.resume_rules import changed_kept_keys
 from loaderbench.session import Session
 from loaderbench.stopping import Preempted, preemption_requested
 
@@ -58,30 +59,30 @@ def parallel_models(session: Session, model: nn.Module) -> tuple[nn.Module, nn.M
     without DDP: in a torchrun job DDP wraps the bare model and the wrapper is compiled (so
     its gradient buckets still overlap the backward pass), and the bare model is compiled
     apart for evaluation, which needs no gradient synchronisation."""
-    eval_model = maybe_compile(model, session.cfg.model)
+    eval_model = maybe_compile(model, session.config.model)
     if not session.dist.enabled:
         return eval_model, eval_model
     from torch.nn.parallel import DistributedDataParallel
 
     device_ids = [session.device.index] if session.device.type == "cuda" else None
     wrapped = DistributedDataParallel(model, device_ids=device_ids)
-    return maybe_compile(wrapped, session.cfg.model), eval_model
+    return maybe_compile(wrapped, session.config.model), eval_model
 
 
 def start_training(session: Session, model: nn.Module, steps_per_epoch: int) -> Training:
-    cfg = session.cfg
-    optimizer = build_optimizer(cfg.optim, model, session.device)
-    scheduler = build_scheduler(cfg.scheduler, optimizer, steps_per_epoch, cfg.epochs)
+    config = session.config
+    optimizer = build_optimizer(config.optim, model, session.device)
+    scheduler = build_scheduler(config.scheduler, optimizer, steps_per_epoch, config.epochs)
     train_model, eval_model = parallel_models(session, model)
     step = TrainStep(
         model=train_model,
         optimizer=optimizer,
         scheduler=scheduler,
-        criterion=nn.CrossEntropyLoss(label_smoothing=cfg.train.label_smoothing),
+        criterion=nn.CrossEntropyLoss(label_smoothing=config.train.label_smoothing),
         precision=session.precision,
         scaler=session.precision.grad_scaler(session.device),
         device=session.device,
-        grad_clip=cfg.train.grad_clip,
+        grad_clip=config.train.grad_clip,
     )
     return Training(model, step, eval_model, optimizer, scheduler)
 
@@ -90,11 +91,11 @@ def resume_from(session: Session) -> Path | None:
     """The checkpoint to continue from: checkpoint=PATH with train.resume=true, or, with no flag
     at all, the run directory's own when it holds a run of the same config (a SLURM job
     requeued after its time limit or a preemption runs again in the same run directory)."""
-    cfg = session.cfg
-    if cfg.train.resume:
-        if cfg.checkpoint is None:
+    config = session.config
+    if config.train.resume:
+        if config.checkpoint is None:
             raise ValueError("train.resume=true needs checkpoint=PATH (a train.py checkpoint.pt)")
-        return Path(cfg.checkpoint)
+        return Path(config.checkpoint)
     return session.resumable.path if session.resumable else None
 
 
@@ -111,11 +112,6 @@ class Start:
     position: int = 0
 
 
-# Config keys a resumed run must keep: they fix the schedule's steps per epoch, each epoch's
-# order and crops, and what the saved batch offset means.
-KEPT_KEYS = ("seed", "image_size", "loader.batch_size", "bench.max_batches")
-
-
 def train_set_signature(split: Split) -> dict[str, Any]:
     """What the epoch order depends on besides the seed: the train set's size and its labels
     in order (not its location, so a copy of the data set on node-local disk resumes)."""
@@ -124,18 +120,17 @@ def train_set_signature(split: Split) -> dict[str, Any]:
 
 
 def check_resumable(session: Session, state: dict[str, Any], path: Path) -> None:
-    """Refuse a resume that would not continue the same run, naming what changed."""
-    cfg = session.cfg
+    """Refuse a resume that would not continue the same run, naming what changed (the config
+    keys that must match: ``resume_rules``)."""
     if list(state["classes"]) != list(session.dataset.classes):
         raise ValueError(f"checkpoint {path} was trained on other classes")
-    trained = OmegaConf.create(state["config"])
-    for key in KEPT_KEYS:
-        ours, theirs = OmegaConf.select(cfg, key), OmegaConf.select(trained, key)
-        if ours != theirs:
-            raise ValueError(
-                f"{key}={ours} but checkpoint {path} was trained with {key}={theirs}; "
-                "a resumed run must keep it"
-            )
+    changed = changed_kept_keys(session.composed, state["config"])
+    if changed:
+        key, ours, theirs = changed[0]
+        raise ValueError(
+            f"{key}={ours} but checkpoint {path} was trained with {key}={theirs}; "
+            "a resumed run must keep it"
+        )
     ranks = state.get("world_size", session.dist.world_size)
     if ranks != session.dist.world_size:
         raise ValueError(
@@ -158,7 +153,6 @@ def check_resumable(session: Session, state: dict[str, Any], path: Path) -> None
 def resume(session: Session, training: Training, path: Path) -> Start:
     """Load a checkpoint into the training state (this rank's random streams and running
     loss included); returns where to continue from."""
-    cfg = session.cfg
     state = load_checkpoint(path, map_location=session.device)
     check_resumable(session, state, path)
     load_training_state(training, state)
@@ -179,7 +173,7 @@ def resume(session: Session, training: Training, path: Path) -> Start:
         path,
         start.epoch,
         f" and {batches} steps (batch {position} of its order on)" if batches else "",
-        cfg.epochs,
+        session.config.epochs,
     )
     return start
 
@@ -218,10 +212,10 @@ class PreemptionCheck:
         return stop
 
 
-def epochs_to_run(cfg: DictConfig, start: int) -> range:
-    end = cfg.epochs
-    if cfg.train.stop_after_epochs is not None:
-        end = min(end, start + cfg.train.stop_after_epochs)
+def epochs_to_run(config: RunConfig, start: int) -> range:
+    end = config.epochs
+    if config.train.stop_after_epochs is not None:
+        end = min(end, start + config.train.stop_after_epochs)
     return range(start, end)
 
 
@@ -251,7 +245,7 @@ def evaluation_pass(
         meter,
         max_batches=max_batches,
         desc=desc,
-        log_every=session.cfg.logger.log_every_n_steps,
+        log_every=session.config.logger.log_every_n_steps,
         on_log=session.eval_curve(meter),
     )
     session.end_eval(meter)
@@ -340,7 +334,7 @@ def save_training(
             "batches": batches,
             "requeues": session.metrics.get("requeues", 0) + (1 if batches else 0),
             "wandb_run_id": session.logger.run_id,
-            "config": OmegaConf.to_container(session.cfg, resolve=True),
+            "config": session.composed,
             "classes": list(session.dataset.classes),
             "world_size": session.dist.world_size,
             "train_set": train_set_signature(session.dataset.train),
@@ -357,11 +351,10 @@ def log_epoch(
 ) -> None:
     """The epoch's row: its loss, its own throughput and data wait (``rates``, over every
     rank; None for an epoch a resumed run found already trained), its val accuracy."""
-    cfg = session.cfg
     log.info(
         "epoch %d/%d: loss %.4f, top1 %.4f, top5 %.4f, %.1f images/s, data wait %.1f%%",
         epoch,
-        cfg.epochs,
+        session.config.epochs,
         result["loss"],
         result["top1"],
         result["top5"],
@@ -383,9 +376,9 @@ def log_epoch(
     )
 
 
-def steps_per_epoch(cfg: DictConfig, train_loader: Loader) -> int:
+def steps_per_epoch(bench: BenchConfig, train_loader: Loader) -> int:
     steps = len(train_loader)
-    return steps if cfg.bench.max_batches is None else min(steps, cfg.bench.max_batches)
+    return steps if bench.max_batches is None else min(steps, bench.max_batches)
 
 
 def agree_on_buffers(model: nn.Module) -> None:
@@ -401,20 +394,20 @@ def fit(
 ) -> Iterator[dict[str, Any]]:
     """Train and validate epoch after epoch (resuming when asked); yields each epoch's
     metrics (the training loop's so far, the epoch's loss, val accuracy) once checkpointed."""
-    cfg = session.cfg
-    steps = steps_per_epoch(cfg, train_loader)
+    config = session.config
+    steps = steps_per_epoch(config.bench, train_loader)
     training = start_training(session, model, steps)
     path = resume_from(session)
     start = resume(session, training, path) if path else Start()
     if path:
         yield {"resumed_from": str(path.absolute())}
     meter, window = session.meter(), CpuWindow(session.monitor)
-    stop = PreemptionCheck(session.dist.world_size, cfg.logger.log_every_n_steps)
+    stop = PreemptionCheck(session.dist.world_size, config.logger.log_every_n_steps)
     # Only a data-parallel job needs every rank to take as many steps.
     blank = (
         blank_batch(train_loader.spec.image_size, session.device) if session.dist.enabled else None
     )
-    epochs = epochs_to_run(cfg, start.epoch)
+    epochs = epochs_to_run(config, start.epoch)
     for epoch in epochs:
         resumed = epoch == start.epoch
         first = start.batches if resumed else 0  # steps of this epoch taken before a requeue
@@ -430,8 +423,8 @@ def fit(
                     train_loader,
                     meter,
                     max_batches=steps - first,
-                    desc=f"epoch {epoch + 1}/{cfg.epochs}",
-                    log_every=cfg.logger.log_every_n_steps,
+                    desc=f"epoch {epoch + 1}/{config.epochs}",
+                    log_every=config.logger.log_every_n_steps,
                     on_log=train_curve(session, training, meter, epoch * steps + first),
                     stop=stop,
                     epoch_loss=epoch_loss,
@@ -441,7 +434,7 @@ def fit(
             stopped = first + stop.stopped_at
             preempt(session, training, epoch, stopped, epoch_loss, train_loader.position)
         agree_on_buffers(training.model)
-        val = validate(session, training.eval_model, val_loader, f"val {epoch + 1}/{cfg.epochs}")
+        val = validate(session, training.eval_model, val_loader, f"val {epoch + 1}/{config.epochs}")
         (loss_sum,) = distributed.all_reduce([epoch_loss.mean])
         result = {
             **session.loop_metrics(meter, window),
@@ -453,7 +446,7 @@ def fit(
         lr = training.optimizer.param_groups[0]["lr"]
         log_epoch(session, epoch + 1, result, rates, lr)
         save_training(session, training, epoch + 1, {**session.metrics, **result})
-        if session.dist.is_main and cfg.logger.log_checkpoint and epoch + 1 == epochs.stop:
+        if session.dist.is_main and config.logger.log_checkpoint and epoch + 1 == epochs.stop:
             session.logger.log_checkpoint(session.run_dir / CHECKPOINT_FILE, epoch + 1)
         yield result
 

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
 import torch
-from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
 from loaderbench.transforms import normalize_uint8
+
+if TYPE_CHECKING:
+    from loaderbench.config import ModelConfig
 
 log = logging.getLogger(__name__)
 
@@ -44,46 +47,48 @@ class ImageClassifier(nn.Module):
         return self.backbone(x.contiguous(memory_format=layout))
 
 
-def create_backbone(cfg: DictConfig, num_classes: int) -> nn.Module:
+def create_backbone(model_config: ModelConfig, num_classes: int) -> nn.Module:
     import timm  # here, not at the top: model=none runs need neither timm nor torchvision
 
-    kwargs = OmegaConf.to_container(cfg.kwargs, resolve=True) if cfg.get("kwargs") else {}
+    kwargs = dict(model_config.kwargs or {})
     try:
         return timm.create_model(
-            cfg.name,
-            pretrained=cfg.pretrained,
+            model_config.name,
+            pretrained=model_config.pretrained,
             num_classes=num_classes,
-            drop_rate=cfg.drop_rate,
+            drop_rate=model_config.drop_rate,
             **kwargs,
         )
     except RuntimeError as error:
         if "Unknown model" in str(error):
             raise ValueError(
-                f"model.name={cfg.name!r} is not a timm architecture "
+                f"model.name={model_config.name!r} is not a timm architecture "
                 f"(see timm.list_models(); e.g. resnet18, resnet50, mobilenetv3_large_100)"
             ) from error
         raise
 
 
-def build_model(cfg: DictConfig, num_classes: int, device: torch.device) -> ImageClassifier | None:
+def build_model(
+    model_config: ModelConfig, num_classes: int, device: torch.device
+) -> ImageClassifier | None:
     """The configured model on ``device``, or None for ``model=none``."""
-    if cfg.name == NO_MODEL:
+    if model_config.name == NO_MODEL:
         return None
     import timm.data
 
-    backbone = create_backbone(cfg, num_classes)
+    backbone = create_backbone(model_config, num_classes)
     data_cfg = timm.data.resolve_model_data_config(backbone)
-    model = ImageClassifier(backbone, data_cfg["mean"], data_cfg["std"], cfg.channels_last)
+    model = ImageClassifier(backbone, data_cfg["mean"], data_cfg["std"], model_config.channels_last)
     model.to(device)
-    if cfg.channels_last:
+    if model_config.channels_last:
         model.to(memory_format=torch.channels_last)
     params = sum(p.numel() for p in model.parameters())
-    log.info("model %s: %.2fM parameters, %d classes", cfg.name, params / 1e6, num_classes)
+    log.info("model %s: %.2fM parameters, %d classes", model_config.name, params / 1e6, num_classes)
     return model
 
 
-def maybe_compile(model: nn.Module, cfg: DictConfig) -> nn.Module:
-    if not cfg.compile:
+def maybe_compile(model: nn.Module, model_config: ModelConfig) -> nn.Module:
+    if not model_config.compile:
         return model
-    log.info("compiling the model (mode=%s)", cfg.compile_mode)
-    return torch.compile(model, mode=cfg.compile_mode)
+    log.info("compiling the model (mode=%s)", model_config.compile_mode)
+    return torch.compile(model, mode=model_config.compile_mode)

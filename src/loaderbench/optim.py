@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
-from omegaconf import DictConfig
 from torch import nn
+
+if TYPE_CHECKING:
+    from loaderbench.config import OptimConfig, SchedulerConfig
 
 
 def _param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
@@ -22,23 +25,23 @@ def _param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     ]
 
 
-def _sgd(cfg: DictConfig, model: nn.Module, fused: bool | None) -> torch.optim.Optimizer:
+def _sgd(optim: OptimConfig, model: nn.Module, fused: bool | None) -> torch.optim.Optimizer:
     return torch.optim.SGD(
-        _param_groups(model, cfg.weight_decay),
-        lr=cfg.lr,
-        momentum=cfg.momentum,
-        nesterov=cfg.nesterov and cfg.momentum > 0,
+        _param_groups(model, optim.weight_decay),
+        lr=optim.lr,
+        momentum=optim.momentum,
+        nesterov=optim.nesterov and optim.momentum > 0,
         fused=fused,
     )
 
 
-def _adamw(cfg: DictConfig, model: nn.Module, fused: bool | None) -> torch.optim.Optimizer:
+def _adamw(optim: OptimConfig, model: nn.Module, fused: bool | None) -> torch.optim.Optimizer:
     return torch.optim.AdamW(
-        _param_groups(model, cfg.weight_decay), lr=cfg.lr, betas=tuple(cfg.betas), fused=fused
+        _param_groups(model, optim.weight_decay), lr=optim.lr, betas=tuple(optim.betas), fused=fused
     )
 
 
-OPTIMIZERS: dict[str, Callable[[DictConfig, nn.Module, bool | None], torch.optim.Optimizer]] = {
+OPTIMIZERS: dict[str, Callable[[OptimConfig, nn.Module, bool | None], torch.optim.Optimizer]] = {
     "sgd": _sgd,
     "adamw": _adamw,
 }
@@ -59,14 +62,16 @@ def fused_step(device: torch.device) -> bool | None:
 
 
 def build_optimizer(
-    cfg: DictConfig, model: nn.Module, device: torch.device | None = None
+    optim: OptimConfig, model: nn.Module, device: torch.device | None = None
 ) -> torch.optim.Optimizer:
     """``optim.name``'s optimizer over ``model``; fused kernels where the model trains on CUDA
     (``fused_step``)."""
-    if cfg.name not in OPTIMIZERS:
-        raise ValueError(f"optim.name={cfg.name!r} is unknown; choose one of {sorted(OPTIMIZERS)}")
+    if optim.name not in OPTIMIZERS:
+        raise ValueError(
+            f"optim.name={optim.name!r} is unknown; choose one of {sorted(OPTIMIZERS)}"
+        )
     fused = fused_step(device) if device is not None else None
-    return OPTIMIZERS[cfg.name](cfg, model, fused)
+    return OPTIMIZERS[optim.name](optim, model, fused)
 
 
 def load_optimizer_state(optimizer: torch.optim.Optimizer, state: dict) -> None:
@@ -105,14 +110,14 @@ SCHEDULES: dict[str, Callable[[int, int, float], Callable[[int], float]]] = {
 
 
 def build_scheduler(
-    cfg: DictConfig, optimizer: torch.optim.Optimizer, steps_per_epoch: int, epochs: int
+    schedule: SchedulerConfig, optimizer: torch.optim.Optimizer, steps_per_epoch: int, epochs: int
 ) -> torch.optim.lr_scheduler.LambdaLR:
     """A per-step schedule: linear warm-up for ``warmup_epochs``, then the named decay."""
-    if cfg.name not in SCHEDULES:
+    if schedule.name not in SCHEDULES:
         raise ValueError(
-            f"scheduler.name={cfg.name!r} is unknown; choose one of {sorted(SCHEDULES)}"
+            f"scheduler.name={schedule.name!r} is unknown; choose one of {sorted(SCHEDULES)}"
         )
     total = steps_per_epoch * epochs
-    warmup = min(round(cfg.warmup_epochs * steps_per_epoch), total)
-    factor = SCHEDULES[cfg.name](total, warmup, cfg.min_lr_ratio)
+    warmup = min(round(schedule.warmup_epochs * steps_per_epoch), total)
+    factor = SCHEDULES[schedule.name](total, warmup, schedule.min_lr_ratio)
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)

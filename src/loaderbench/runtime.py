@@ -8,10 +8,13 @@ import os
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
-from omegaconf import DictConfig
+
+if TYPE_CHECKING:
+    from loaderbench.config import DeviceConfig
 
 log = logging.getLogger(__name__)
 
@@ -22,12 +25,12 @@ class UnsupportedSetting(RuntimeError):
     """A setting this machine cannot run; the message names the key and what would work."""
 
 
-def resolve_device(cfg: DictConfig, local_rank: int | None = None) -> torch.device:
+def resolve_device(device_config: DeviceConfig, local_rank: int | None = None) -> torch.device:
     """``device=auto|cpu|cuda`` (and ``device.index``) to a torch.device.
 
     Under torchrun each process takes the GPU of its LOCAL_RANK, whatever ``device.index`` says.
     """
-    kind = cfg.type
+    kind = device_config.type
     if kind not in DEVICE_TYPES:
         raise UnsupportedSetting(f"device.type={kind!r} is unknown; choose one of {DEVICE_TYPES}")
     if kind == "auto":
@@ -39,7 +42,7 @@ def resolve_device(cfg: DictConfig, local_rank: int | None = None) -> torch.devi
             "device=cuda, but no CUDA device is available here "
             f"(torch {torch.__version__}, CUDA build {torch.version.cuda}); use device=cpu or auto"
         )
-    index = local_rank if local_rank is not None else cfg.index
+    index = local_rank if local_rank is not None else device_config.index
     if not 0 <= index < torch.cuda.device_count():
         raise UnsupportedSetting(
             f"device.index={index} is out of range: {torch.cuda.device_count()} CUDA device(s)"
@@ -120,6 +123,15 @@ def _local_tasks(env: os._Environ | dict[str, str]) -> int:
     return 1
 
 
+def _affinity_cpus() -> int:
+    """The CPUs this process may run on: its affinity mask (not the machine's count), or the
+    machine's count where the system keeps no mask (not Linux)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
 def allotted_cpus(env: os._Environ | dict[str, str] = os.environ) -> tuple[int, str] | None:
     """The CPUs this process was given, and by whom; None when nobody said (a plain run, where
     torch's own default stands)."""
@@ -130,9 +142,18 @@ def allotted_cpus(env: os._Environ | dict[str, str] = os.environ) -> tuple[int, 
         cpus = int(env["SLURM_CPUS_ON_NODE"])
         return max(1, cpus // tasks), f"SLURM_CPUS_ON_NODE={cpus} / {tasks} tasks"
     if tasks > 1:
-        cpus = len(os.sched_getaffinity(0))
+        cpus = _affinity_cpus()
         return max(1, cpus // tasks), f"{cpus} CPUs / {tasks} local ranks"
     return None
+
+
+def cpus_allowed(env: os._Environ | dict[str, str] = os.environ) -> int:
+    """The CPUs this process may use, at least one: its SLURM allotment or torchrun's share
+    per local rank (``allotted_cpus``), else its affinity mask (``_affinity_cpus``). The one
+    count of CPUs the project sizes work by: ``num_workers=auto``'s ladder, memmap's cache
+    build, the bench's decode limits."""
+    allotment = allotted_cpus(env)
+    return max(1, allotment[0] if allotment else _affinity_cpus())
 
 
 def set_intra_op_threads(

@@ -1,20 +1,23 @@
 """A run's set-up and finish, around whatever train.py or eval.py does in between.
 
-``open_session`` runs the set-up steps in order, each a small function that takes what it
-needs and returns what it makes (``validate_config``, ``start_process``, ``find_dataset``,
-``prepare_page_cache``, ``start_logger``), hands the ``Session`` to the task, and whatever
-happens, finishes: ``metrics.json`` written (rank 0), W&B finished, the process group shut
-down. The task's steps return their numbers and the task records them with
+``open_session`` converts the composed config once (``validate_config``: the typed
+``RunConfig``; a plain dict of it as composed, for W&B, the checkpoint and resume's rule), runs
+the set-up steps in order, each a small function that takes the typed piece it needs and
+returns what it makes (``start_process``, ``find_dataset``, ``prepare_page_cache``,
+``start_logger``), hands the ``Session`` to the task, and whatever happens, finishes:
+``metrics.json`` and ``run_config.json`` written (rank 0), W&B finished, the process group
+shut down. The task's steps return their numbers and the task records them with
 ``Session.record``, the only writer of the run's metrics.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,7 +30,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from loaderbench import __version__, distributed
-from loaderbench.checkpoint import CHECKPOINT_FILE
+from loaderbench.config import BenchConfig, DatasetConfig, LoggerConfig, RunConfig
 from loaderbench.data import DatasetIndex, discover, resolve_path
 from loaderbench.decoded_by import fallback_warning
 from loaderbench.distributed import DistInfo
@@ -43,6 +46,7 @@ from loaderbench.meters import (
     loop_metrics,
 )
 from loaderbench.pagecache import evict, files_under
+from loaderbench.resume_rules import Resumable, find_resumable
 from loaderbench.runtime import (
     Precision,
     resolve_device,
@@ -64,22 +68,28 @@ from loaderbench.validation import validate_against_dataset, validate_config
 log = logging.getLogger(__name__)
 
 METRICS_FILE = "metrics.json"
+# The run's typed config as it ran (``loader.num_workers=auto``: the count chosen).
+RUN_CONFIG_FILE = "run_config.json"
 
 
 @dataclass
 class Session:
     """What the set-up made, for the task's steps to take from."""
 
-    cfg: DictConfig
+    # The whole run's typed config, the one the run reads (the probe of
+    # ``loader.num_workers=auto`` writes the chosen count into ``config.loader``).
+    config: RunConfig
     task: str
     run_dir: Path
     dist: DistInfo
     device: torch.device
     precision: Precision
-    loader_settings: LoaderSettings
     dataset: DatasetIndex
     logger: RunLogger
     monitor: ProcessTreeMonitor
+    # The config as composed (resolved; ``num_workers`` as asked), a plain dict converted
+    # once: W&B's config, the checkpoint's, and what resume's "same run?" rule compares.
+    composed: dict[str, Any]
     metrics: dict[str, Any] = field(default_factory=dict)
     eval_steps: int = 0  # batches over every evaluation pass so far: the eval curves' axis
     resumable: Resumable | None = None  # the run directory's own checkpoint, to continue
@@ -94,17 +104,17 @@ class Session:
         self.metrics.update(values or {}, **more)
 
     def loader_spec(self, split: str, *, train: bool, image_size: int) -> LoaderSpec:
-        cfg = self.cfg
+        config = self.config
         return LoaderSpec(
             split=self.dataset.split(split),
             train=train,
             image_size=image_size,
             device=self.device,
-            settings=self.loader_settings,
-            seed=cfg.seed,
-            rrc_scale=tuple(cfg.augment.scale),
-            rrc_ratio=tuple(cfg.augment.ratio),
-            on_error=cfg.dataset.on_error,
+            settings=config.loader,
+            seed=config.seed,
+            rrc_scale=tuple(config.augment.scale),
+            rrc_ratio=tuple(config.augment.ratio),
+            on_error=config.dataset.on_error,
             rank=self.dist.rank,
             world_size=self.dist.world_size,
         )
@@ -131,8 +141,9 @@ class Session:
         ``startup_s + ttfb_s`` is what a user waits for the first batch."""
         self.metrics.setdefault("startup_s", time.time() - psutil.Process().create_time())
         edges = synchronizer(self.device)
-        sync = edges if self.cfg.bench.sync_cuda else None
-        return LoopMeter(self.cfg.bench.warmup_batches, sync=sync, window_sync=edges)
+        bench = self.config.bench
+        sync = edges if bench.sync_cuda else None
+        return LoopMeter(bench.warmup_batches, sync=sync, window_sync=edges)
 
     def eval_curve(self, meter: LoopMeter) -> Callable[[int], None]:
         """``evaluate``'s log points as W&B rows: throughput and data wait since the last one,
@@ -178,47 +189,47 @@ class Session:
 # Set-up steps.
 
 
-def start_process(cfg: DictConfig, info: DistInfo) -> tuple[torch.device, Precision]:
+def start_process(config: RunConfig, info: DistInfo) -> tuple[torch.device, Precision]:
     """Seeds, this rank's device and process group, the log level, the pixel limit."""
     # Each rank its own random streams (dropout, drop-path), as timm's train.py does; the
     # model's initial weights are rank 0's anyway (DDP broadcasts them).
-    seed_everything(cfg.seed + info.rank)
-    device = resolve_device(cfg.device, info.local_rank if info.enabled else None)
+    seed_everything(config.seed + info.rank)
+    device = resolve_device(config.device, info.local_rank if info.enabled else None)
     distributed.init(info, device)
     if not info.is_main:  # one rank speaks for the job
         logging.getLogger("loaderbench").setLevel(logging.WARNING)
-    precision = resolve_precision(cfg.precision.name, device)
+    precision = resolve_precision(config.precision.name, device)
     # Before any loader forks a worker, so every worker process inherits the limit.
-    set_max_pixels(cfg.dataset.max_image_pixels)
+    set_max_pixels(config.dataset.max_image_pixels)
     return device, precision
 
 
-def find_dataset(cfg: DictConfig, settings: LoaderSettings, task: str, ranks: int) -> DatasetIndex:
+def find_dataset(
+    dataset_config: DatasetConfig, settings: LoaderSettings, task: str, ranks: int
+) -> DatasetIndex:
     """The dataset, discovered and checked against the settings that depend on its size."""
-    dataset = discover(cfg.dataset)
+    dataset = discover(dataset_config)
     validate_against_dataset(settings, len(dataset.train), task, ranks)
     return dataset
 
 
-def prepare_page_cache(
-    cfg: DictConfig, dataset: DatasetIndex, cache_dir: str | None, auto_workers: bool = False
-) -> str:
-    """``cold`` after evicting the images and the loader's cache; ``warm`` (as found) else.
+def prepare_page_cache(bench: BenchConfig, dataset: DatasetIndex, settings: LoaderSettings) -> str:
+    """``cold`` after evicting the images and the loader's folders; ``warm`` (as found) else.
     With ``loader.num_workers=auto`` the eviction is left to after the worker probe
     (``autotune.settle_num_workers``), which reads the files and would warm them again."""
-    if not cfg.bench.drop_page_cache:
+    if not bench.drop_page_cache:
         return "warm"
-    if not auto_workers:
-        evict_page_cache(dataset, cache_dir)
+    if not settings.auto_workers:
+        evict_page_cache(dataset, settings.folders())
     return "cold"
 
 
-def evict_page_cache(dataset: DatasetIndex, cache_dir: str | None) -> None:
-    """The images of both splits and every file of the loader's cache folder out of the page
-    cache."""
+def evict_page_cache(dataset: DatasetIndex, folders: Iterable[str]) -> None:
+    """The images of both splits and every file of the loader's folders (``folders()`` of
+    its settings: memmap's cache) out of the page cache."""
     paths = [*dataset.train.paths, *dataset.val.paths]
-    if cache_dir:
-        paths += files_under(resolve_path(cache_dir))
+    for folder in folders:
+        paths += files_under(resolve_path(folder))
     files, nbytes = evict(paths)
     log.info("evicted %d files (%.1f MB) from the page cache", files, nbytes / 2**20)
 
@@ -235,16 +246,22 @@ def sweep_identity() -> tuple[str | None, str | None]:
 
 
 def start_logger(
-    cfg: DictConfig, run_dir: Path, task: str, info: DistInfo, run_id: str | None = None
+    logger_config: LoggerConfig,
+    composed: dict[str, Any],
+    run_dir: Path,
+    task: str,
+    info: DistInfo,
+    run_id: str | None = None,
 ) -> RunLogger:
-    """The run's W&B run (rank 0 only); ``run_id``: the one a requeued job continues."""
+    """The run's W&B run (rank 0 only), given the whole config as composed; ``run_id``: the
+    one a requeued job continues."""
     if not info.is_main:
         return NullLogger()
     group, name = sweep_identity()
     return build_logger(
-        cfg.logger,
+        logger_config,
         run_dir=run_dir,
-        config=OmegaConf.to_container(cfg, resolve=True),
+        config=composed,
         job_type=task,
         group=group,
         name=name,
@@ -252,65 +269,23 @@ def start_logger(
     )
 
 
-@dataclass(frozen=True)
-class Resumable:
-    """A checkpoint in the run directory that this run continues (no flag needed)."""
-
-    path: Path
-    requeues: int  # preemptions so far
-    wandb_run_id: str | None
-
-
-# Keys a continued run may change: how it was asked to resume.
-RESUME_KEYS = ("checkpoint", "train.resume")
-
-
-def _comparable(config: dict[str, Any]) -> dict[str, Any]:
-    config = OmegaConf.to_container(OmegaConf.create(config), resolve=True)  # type: ignore[assignment]
-    for key in RESUME_KEYS:
-        head, _, leaf = key.rpartition(".")
-        (config.get(head, {}) if head else config).pop(leaf, None)
-    return config
-
-
-def find_resumable(cfg: DictConfig, run_dir: Path, task: str) -> Resumable | None:
-    """The run directory's checkpoint if it holds an unfinished run of this very config: a
-    SLURM job requeued after its time limit or a preemption runs again in the same run
-    directory, and continues where it stopped without any flag from the user."""
-    path = run_dir / CHECKPOINT_FILE
-    if task != "train" or cfg.train.resume or not path.is_file():
-        return None
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-    except Exception as error:
-        log.warning("%s cannot be read (%s): not resuming from it", path, error)
-        return None
-    ours = _comparable(OmegaConf.to_container(cfg, resolve=True))  # type: ignore[arg-type]
-    if _comparable(state.get("config", {})) != ours:
-        log.warning("%s holds a run of another config: not resuming from it", path)
-        return None
-    epoch, batches = int(state["epoch"]), int(state.get("batches", 0))
-    if epoch >= cfg.epochs and not batches:
-        return None  # a finished run
-    log.info("%s holds this run, stopped after %d epochs and %d batches", path, epoch, batches)
-    return Resumable(path, int(state.get("requeues", 0)), state.get("wandb_run_id"))
-
-
-def base_metrics(cfg: DictConfig, task: str) -> dict[str, Any]:
-    """What ran, known before anything starts."""
+def base_metrics(composed: dict[str, Any], task: str) -> dict[str, Any]:
+    """What ran, known before anything starts (from the config as composed: a run whose
+    config fails validation records them too)."""
+    loader = composed["loader"]
     return {
         "task": task,
         "status": "running",
-        "loader": cfg.loader.name,
-        "model": cfg.model.name,
-        "device": cfg.device.type,
-        "precision": cfg.precision.name,
-        "batch_size": cfg.loader.batch_size,
-        "num_workers": cfg.loader.num_workers,  # "auto" until the probe settles it
-        "num_workers_auto": cfg.loader.num_workers == AUTO,
-        "prefetch": cfg.loader.prefetch,
-        "image_size": cfg.image_size,
-        "seed": cfg.seed,
+        "loader": loader["name"],
+        "model": composed["model"]["name"],
+        "device": composed["device"]["type"],
+        "precision": composed["precision"]["name"],
+        "batch_size": loader["batch_size"],
+        "num_workers": loader["num_workers"],  # "auto" until the probe settles it
+        "num_workers_auto": loader["num_workers"] == AUTO,
+        "prefetch": loader["prefetch"],
+        "image_size": composed["image_size"],
+        "seed": composed["seed"],
         "skipped_files": 0,
         "version": __version__,
     }
@@ -331,16 +306,19 @@ def dataset_metrics(dataset: DatasetIndex) -> dict[str, Any]:
 
 @contextmanager
 def open_session(cfg: DictConfig, task: str) -> Iterator[Session]:
-    """Set a job up; whatever happens inside, metrics.json is written and W&B finished."""
+    """Set a job up from the composed ``cfg`` (converted here, once); whatever happens
+    inside, metrics.json is written and W&B finished."""
     with stop_signals_as_interrupt(), preemption_noted():
         started = time.perf_counter()
         run_dir = Path(HydraConfig.get().runtime.output_dir)
-        metrics = base_metrics(cfg, task)
+        composed = OmegaConf.to_container(cfg, resolve=True)
+        assert isinstance(composed, dict)
+        metrics = base_metrics(composed, task)
         monitor = ProcessTreeMonitor()
         info = distributed.dist_info()
         session: Session | None = None
         try:
-            session = _set_up(cfg, task, run_dir, info, monitor, metrics)
+            session = _set_up(cfg, composed, task, run_dir, info, monitor, metrics)
             yield session
             raise_if_stop_requested()  # a signal whose KeyboardInterrupt Python swallowed
             metrics.update(_tree_totals(session, monitor), status="ok")
@@ -364,37 +342,39 @@ def open_session(cfg: DictConfig, task: str) -> Iterator[Session]:
 
 def _set_up(
     cfg: DictConfig,
+    composed: dict[str, Any],
     task: str,
     run_dir: Path,
     info: DistInfo,
     monitor: ProcessTreeMonitor,
     metrics: dict[str, Any],
 ) -> Session:
-    settings = validate_config(cfg)  # every key, before anything starts
-    device, precision = start_process(cfg, info)
+    config = validate_config(cfg)  # every key, before anything starts; cfg is not read again
+    settings = config.loader
+    device, precision = start_process(config, info)
     metrics.update(world_size=info.world_size, device=str(device))
     if not settings.auto_workers:  # else set for each count the probe tries, then the chosen
-        metrics.update(set_intra_op_threads(cfg.runtime.threads, settings.num_workers))
-    dataset = find_dataset(cfg, settings, task, info.world_size)
+        metrics.update(set_intra_op_threads(config.runtime.threads, settings.num_workers))
+    dataset = find_dataset(config.dataset, settings, task, info.world_size)
     metrics.update(dataset_metrics(dataset))
-    cache_dir = getattr(settings, "cache_dir", None)
-    metrics["page_cache"] = prepare_page_cache(cfg, dataset, cache_dir, settings.auto_workers)
-    resumable = find_resumable(cfg, run_dir, task)
+    metrics["page_cache"] = prepare_page_cache(config.bench, dataset, settings)
+    resumable = find_resumable(config, composed, run_dir, task)
     if task == "train":
         metrics["requeues"] = resumable.requeues if resumable else 0
-    logger = start_logger(cfg, run_dir, task, info, resumable and resumable.wandb_run_id)
+    run_id = resumable and resumable.wandb_run_id
+    logger = start_logger(config.logger, composed, run_dir, task, info, run_id)
     monitor.start()
     return Session(
-        cfg,
+        config,
         task,
         run_dir,
         info,
         device,
         precision,
-        settings,
         dataset,
         logger,
         monitor,
+        composed,
         metrics,
         resumable=resumable,
     )
@@ -431,6 +411,13 @@ def pinned_host_peak_bytes() -> int:
     return int(stats.get("allocated_bytes.peak", stats.get("allocated_bytes.all.peak", 0)))
 
 
+def write_run_config(run_dir: Path, config: RunConfig) -> None:
+    """``run_config.json``: the typed config the run ran with, the probe's worker count in
+    place of ``auto`` (Hydra's ``.hydra/config.yaml`` keeps what was asked)."""
+    text = json.dumps(dataclasses.asdict(config), indent=2, sort_keys=True, default=str)
+    atomic_write_text(run_dir / RUN_CONFIG_FILE, text + "\n")
+
+
 def write_metrics(run_dir: Path, metrics: dict[str, Any]) -> None:
     def clean(value: Any) -> Any:
         if isinstance(value, float) and not math.isfinite(value):
@@ -450,6 +437,8 @@ def _finish(
         metrics["pinned_host_peak_mb"] = pinned_host_peak_bytes() / 2**20
     if info.is_main:
         write_metrics(run_dir, metrics)
+        if session is not None:
+            write_run_config(run_dir, session.config)
     if metrics["status"] == "preempted":
         # Every rank stopped at the same step. They leave together once rank 0's records are
         # written: torchrun stops every rank as soon as one exits with an error.

@@ -7,7 +7,6 @@ job, in any process or on any machine, agrees, and the summary holds jobs that f
 from __future__ import annotations
 
 import csv
-import json
 import logging
 from pathlib import Path
 
@@ -16,6 +15,8 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from loaderbench.decoded_by import summary_text
+from loaderbench.metrics import charted, format_value, summary_keys
+from loaderbench.run_folders import override_values, read_jobs
 
 log = logging.getLogger(__name__)
 
@@ -34,10 +35,7 @@ def job_name(job_overrides: list[str], keys: list[str]) -> str | None:
     """``key=value`` of this job for the swept keys, e.g. ``loader=memmap,loader.num_workers=8``."""
     if not keys:
         return None
-    values = {}
-    for override in job_overrides:
-        key, _, value = override.partition("=")
-        values[key.lstrip("+~")] = value
+    values = override_values(job_overrides)
     return ",".join(f"{key}={values[key]}" for key in keys if key in values) or None
 
 
@@ -51,62 +49,18 @@ def sweep_group(task_name: str, sweep_dir: str | Path) -> str:
 # The sweep summary: one row a job, read from the files the jobs left (jobs may have run in
 # other processes or on other machines, so nothing is kept in memory).
 
-SUMMARY_METRICS = [
-    "status",
-    "loader",
-    "model",
-    "device",
-    "batch_size",
-    "num_workers",
-    "autotune_s",  # loader.num_workers=auto: the probe's seconds (the count: num_workers)
-    "images",
-    "images_per_s",
-    # Start-up included: a deep queue decoded before the measured window shows here.
-    "images_per_s_end_to_end",
-    "steady_batches",  # batches images_per_s counts (0: it is the end-to-end rate)
-    "ttfb_s",
-    "data_wait_frac",
-    "cpu_s_per_1k_images",
-    "peak_rss_mb",
-    "skipped_files",
-    "decoded_by",  # what decoded the images, per split (``decoded_by.summary_text``)
-    "top1",
-    "top5",
-    "loss",
-    "epochs",
-    "wall_s",
-    "error",
-]
-
-
-def _job_dirs(sweep_dir: Path) -> list[Path]:
-    jobs = [p.parent.parent for p in sweep_dir.glob("*/.hydra/overrides.yaml")]
-    return sorted(jobs, key=lambda p: (len(p.name), p.name))
-
-
-def _job_overrides(job_dir: Path) -> list[str]:
-    return [str(o) for o in OmegaConf.load(job_dir / ".hydra" / "overrides.yaml")]
-
 
 def collect_rows(sweep_dir: str | Path) -> tuple[list[str], list[dict]]:
     """Swept keys and one row a job; a job without a readable metrics.json is a failed row."""
     sweep_dir = Path(sweep_dir)
     keys = swept_keys(sweep_dir)
     rows = []
-    for job_dir in _job_dirs(sweep_dir):
-        values = {}
-        for override in _job_overrides(job_dir):
-            key, _, value = override.partition("=")
-            values[key.lstrip("+~")] = value
-        row: dict = {"job": job_dir.name, **{k: values.get(k) for k in keys}}
-        metrics_path = job_dir / "metrics.json"
-        try:
-            metrics = json.loads(metrics_path.read_text())
-        except (OSError, ValueError) as error:
-            metrics = {"status": "failed", "error": f"no readable metrics.json ({error})"}
+    for job in read_jobs(sweep_dir):
+        row: dict = {"job": job.name, **{k: job.overrides.get(k) for k in keys}}
+        metrics = dict(job.metrics)
         if metrics.get("status") == "running":
             metrics["status"] = "failed"  # the job died before it could say how it ended
-        row.update({k: metrics.get(k) for k in SUMMARY_METRICS})
+        row.update({k: metrics.get(k) for k in summary_keys()})
         row["decoded_by"] = summary_text(metrics)
         rows.append(row)
     return keys, rows
@@ -125,17 +79,10 @@ def write_csv(path: Path, columns: list[str], rows: list[dict]) -> None:
         writer.writerows(rows)
 
 
-def _fmt(value: object) -> str:
-    if value is None:
-        return ""
-    if isinstance(value, float):
-        return f"{value:.4g}" if abs(value) < 1000 else f"{value:.0f}"
-    return str(value).replace("|", "\\|").replace("\n", " ")
-
-
 def markdown_table(columns: list[str], rows: list[dict]) -> str:
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-    lines += ["| " + " | ".join(_fmt(row.get(c)) for c in columns) + " |" for row in rows]
+    for row in rows:
+        lines.append("| " + " | ".join(format_value(c, row.get(c)) for c in columns) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -212,7 +159,7 @@ def write_summary(sweep_dir: str | Path) -> tuple[list[str], list[dict]]:
     sweep_dir = Path(sweep_dir)
     keys, rows = collect_rows(sweep_dir)
     rows.sort(key=_sort_key)
-    metric_columns = [c for c in SUMMARY_METRICS if any(r.get(c) is not None for r in rows)]
+    metric_columns = [c for c in summary_keys() if any(r.get(c) is not None for r in rows)]
     columns = ["job", *keys, *metric_columns]
     write_csv(sweep_dir / "summary.csv", columns, rows)
     failed = sum(r.get("status") != "ok" for r in rows)
@@ -273,13 +220,6 @@ def log_summary_run(
     logger.finish()
 
 
-CHARTED = {
-    "images_per_s": "images/s",
-    "cpu_s_per_1k_images": "CPU s per 1000 images",
-    "data_wait_frac": "data wait (share of the loop)",
-}
-
-
 def native_charts(keys: list[str], rows: list[dict]) -> dict[str, object]:
     """W&B charts built from the sweep's rows (the jobs that ran): each charted metric against
     the numeric swept key, one series per loader (and value of any other swept key), or one
@@ -293,19 +233,20 @@ def native_charts(keys: list[str], rows: list[dict]) -> dict[str, object]:
     ok = [r for r in rows if r.get("status") == "ok" and r.get("images_per_s") is not None]
     if not ok:
         return {}
-    columns = ["job", "series", "x", *CHARTED]
+    chart_labels = charted()  # declared in loaderbench.metrics
+    columns = ["job", "series", "x", *chart_labels]
     data = [
         [
             str(r["job"]),
             _series(r, series_keys),
             _numeric(r.get(x_key)) if x_key else None,
-            *(_numeric(r.get(metric)) for metric in CHARTED),
+            *(_numeric(r.get(metric)) for metric in chart_labels),
         ]
         for r in ok
     ]
     table = wandb.Table(columns=columns, data=data)
     charts: dict[str, object] = {}
-    for metric, label in CHARTED.items():
+    for metric, label in chart_labels.items():
         title = f"{label} against {x_key}, by loader" if x_key else f"{label} by job"
         charts[f"chart/{metric}"] = (
             wandb.plot.line(table, "x", metric, stroke="series", title=title)

@@ -27,6 +27,7 @@ import numpy as np
 from PIL import Image
 
 from loaderbench.locking import FileLock
+from loaderbench.runtime import cpus_allowed
 
 FORMAT_VERSION = 3
 
@@ -257,7 +258,7 @@ def _jobs(spec: SyntheticSpec, root: Path) -> list[tuple[SyntheticSpec, str, int
 def generate(spec: SyntheticSpec, root: Path, workers: int | None = None) -> None:
     """Write the whole set under ``root`` (which must not exist)."""
     jobs = _jobs(spec, root)
-    workers = workers or min(len(jobs), os.cpu_count() or 1)
+    workers = workers or min(len(jobs), cpus_allowed())
     if workers <= 1:
         for job in jobs:
             _write_one(job)

@@ -11,7 +11,12 @@ import os
 import re
 import warnings
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
+
+from loaderbench.metrics import epoch_summaries
+
+if TYPE_CHECKING:
+    from loaderbench.config import LoggerConfig
 
 log = logging.getLogger(__name__)
 
@@ -96,8 +101,8 @@ def _define_metrics(run: Any) -> None:
             for pattern in patterns:
                 run.define_metric(pattern, step_metric=step)
         run.define_metric("val/top1", step_metric="epoch", summary="max,last")
-        run.define_metric("epoch/images_per_s", step_metric="epoch", summary="mean,last")
-        run.define_metric("epoch/images_per_s_end_to_end", step_metric="epoch", summary="mean,last")
+        for key, rule in epoch_summaries().items():  # declared in loaderbench.metrics
+            run.define_metric(key, step_metric="epoch", summary=rule)
     except Exception as error:  # an old server or SDK: curves still log, only less tidy
         log.debug("W&B define_metric failed: %s", error)
 
@@ -231,7 +236,7 @@ def artifact_name(run_name: str, kind: str) -> str:
 
 
 def build_logger(
-    cfg: Any,
+    logger_config: LoggerConfig,
     *,
     run_dir: Path,
     config: dict[str, Any],
@@ -240,20 +245,20 @@ def build_logger(
     name: str | None,
     run_id: str | None = None,
 ) -> RunLogger:
-    if cfg.name == "none":
+    if logger_config.name == "none":
         return NullLogger()
-    if cfg.name != "wandb":
-        raise ValueError(f"logger.name={cfg.name!r} is unknown; choose wandb or none")
+    if logger_config.name != "wandb":
+        raise ValueError(f"logger.name={logger_config.name!r} is unknown; choose wandb or none")
     return WandbLogger.start(
-        project=cfg.project,
-        entity=cfg.entity,
-        mode=cfg.mode,
+        project=logger_config.project,
+        entity=logger_config.entity,
+        mode=logger_config.mode,
         run_dir=run_dir,
         config=config,
         job_type=job_type,
         group=group,
         name=name,
-        tags=list(cfg.tags),
-        init_timeout_s=cfg.init_timeout_s,
+        tags=list(logger_config.tags),
+        init_timeout_s=logger_config.init_timeout_s,
         run_id=run_id,
     )

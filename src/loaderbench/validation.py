@@ -1,19 +1,22 @@
-"""Config checks that run before any heavy work, each naming the key and the allowed values.
+"""The run's config, converted once: the composed node to a typed ``RunConfig``, checked.
 
 Composition already rejects wrong types and unknown keys given as ``key=value``; this also
-catches keys added with ``+key=value`` and values outside their allowed set or range. It is the
-one place settings are checked: ``validate_config`` returns the loader's typed settings, which
-the loaders then take as they are.
+catches keys added with ``+key=value`` inside a group and values outside their allowed set or
+range (each dataclass's ``checks``, in ``loaderbench.config``). It is the one place the
+composed node is read: ``validate_config`` returns the whole typed run config, whose pieces
+the run's rooms take as they are, never re-applying a default or re-checking a range.
 """
 
 from __future__ import annotations
 
+from dataclasses import fields
+
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from loaderbench.config import ON_ERROR, SCHEMAS
+from loaderbench.config import SCHEMAS, RunConfig
 from loaderbench.loaders import LoaderSettings, loader_names, settings_class
-from loaderbench.loaders.settings import Check, failed_checks
+from loaderbench.loaders.settings import failed_checks
 
 
 class ConfigError(ValueError):
@@ -30,69 +33,25 @@ def _typed(node: DictConfig, schema: type, key: str) -> object:
         raise ConfigError(f"{key}: {message}") from None
 
 
-def _range_pair(values: object, key: str) -> Check:
-    pair = list(values)  # type: ignore[call-overload]
-    ok = len(pair) == 2 and 0 < pair[0] <= pair[1]
-    return ok, f"{key} must be two numbers 0 < low <= high", pair
-
-
-def _run_checks(cfg: DictConfig) -> list[Check]:
-    dataset, bench = cfg.dataset, cfg.bench
-    stop_after = cfg.train.stop_after_epochs
-    return [
-        (cfg.image_size is None or cfg.image_size >= 8, "image_size must be >= 8", cfg.image_size),
-        (cfg.epochs >= 1, "epochs must be >= 1", cfg.epochs),
-        (stop_after is None or stop_after >= 1, "train.stop_after_epochs must be >= 1", stop_after),
-        (
-            cfg.logger.log_every_n_steps >= 1,
-            "logger.log_every_n_steps must be >= 1",
-            cfg.logger.log_every_n_steps,
-        ),
-        (
-            cfg.runtime.threads is None or cfg.runtime.threads >= 1,
-            "runtime.threads must be >= 1 or null",
-            cfg.runtime.threads,
-        ),
-        (bench.warmup_batches >= 0, "bench.warmup_batches must be >= 0", bench.warmup_batches),
-        (
-            bench.max_batches is None or bench.max_batches >= 1,
-            "bench.max_batches must be >= 1 or null",
-            bench.max_batches,
-        ),
-        (
-            dataset.max_images is None or dataset.max_images >= 1,
-            "dataset.max_images must be >= 1 or null",
-            dataset.max_images,
-        ),
-        (
-            dataset.max_image_pixels is None or dataset.max_image_pixels >= 1,
-            "dataset.max_image_pixels must be >= 1 or null",
-            dataset.max_image_pixels,
-        ),
-        (
-            dataset.on_error in ON_ERROR,
-            f"dataset.on_error must be one of {list(ON_ERROR)}",
-            dataset.on_error,
-        ),
-        _range_pair(cfg.augment.scale, "augment.scale"),
-        _range_pair(cfg.augment.ratio, "augment.ratio"),
-    ]
-
-
-def validate_config(cfg: DictConfig) -> LoaderSettings:
-    """Check every group and range; returns the loader's typed settings."""
+def validate_config(cfg: DictConfig) -> RunConfig:
+    """The composed config as one typed ``RunConfig``: every group typed and every range
+    checked, each error naming its key."""
     name = cfg.loader.name
     if name not in loader_names():
         raise ConfigError(f"loader={name!r} is unknown; choose one of {list(loader_names())}")
-    settings = _typed(cfg.loader, settings_class(name), "loader")
-    assert isinstance(settings, LoaderSettings)
-    for group, schema in SCHEMAS.items():
-        if group != "loader":
-            _typed(cfg[group], schema, group)
-    problems = failed_checks([*settings.checks(), *_run_checks(cfg)])
+    schemas = {**SCHEMAS, "loader": settings_class(name)}
+    pieces = {
+        item.name: _typed(cfg[item.name], schemas[item.name], item.name)
+        if item.name in schemas
+        else cfg[item.name]
+        for item in fields(RunConfig)
+    }
+    run = RunConfig(**pieces)
+    assert isinstance(run.loader, LoaderSettings)
+    problems = failed_checks(run.checks())
     if problems:
         raise ConfigError("; ".join(problems))
-    return settings
+    return run
 
 
 def validate_against_dataset(

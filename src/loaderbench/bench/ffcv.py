@@ -41,7 +41,7 @@ from loaderbench.images import load_rgb
 from loaderbench.transforms import RRC_RATIO, RRC_SCALE, val_resize_size
 
 if TYPE_CHECKING:
-    from loaderbench.loaders.memmap.build import StorePolicy
+    from loaderbench.loaders.memmap import StorePolicy
 
 # Our store names -> FFCV's write modes.
 WRITE_MODES = {"raw": "raw", "jpeg": "jpg"}
@@ -178,8 +178,7 @@ def warm_up(loader: Any) -> float:
 def memmap_train_store(image_size: int) -> StorePolicy:
     """The memmap train store at ``loader=memmap``'s defaults: FFCV's stores take its long side
     and JPEG quality."""
-    from loaderbench.loaders.memmap.build import StorePolicy
-    from loaderbench.loaders.memmap.settings import Settings
+    from loaderbench.loaders.memmap import Settings, StorePolicy
 
     settings = Settings()
     return StorePolicy.for_split(

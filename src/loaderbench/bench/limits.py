@@ -37,111 +37,35 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from loaderbench.bench.schema import DecodeLimit, DecodeRate
+from loaderbench.runtime import cpus_allowed
+from loaderbench.threads import serial_torch_in_this_thread
 from loaderbench.transforms import RRC_SCALE
 
 DecodeFn = Callable[[str], torch.Tensor]
 CPU = torch.device("cpu")
 
 
-@dataclass(frozen=True)
-class DecodeRate:
-    """One candidate's single-thread rate (best of the repeats)."""
-
-    name: str
-    images: int
-    wall_s: float
-    cpu_s: float
-
-    @property
-    def images_per_s(self) -> float:
-        return self.images / self.wall_s if self.wall_s > 0 else 0.0
-
-    @property
-    def images_per_cpu_s(self) -> float:
-        return self.images / self.cpu_s if self.cpu_s > 0 else 0.0
-
-
-@dataclass(frozen=True)
-class DecodeLimit:
-    cores: int
-    image_size: int
-    rates: tuple[DecodeRate, ...]
-    # The best candidate on ``cores`` threads of a plain pool (None: not measured).
-    pool: DecodeRate | None = None
-    job: str = "val decode + resize"  # what each candidate does for one image
-    title: str = "CPU decode limit"
-    # The crop limit's best way without the flips (the resize alone), single-thread.
-    without_flips: DecodeRate | None = None
-
-    @property
-    def best(self) -> DecodeRate:
-        return max(self.rates, key=lambda rate: rate.images_per_s)
-
-    @property
-    def images_per_s(self) -> float:
-        """cores x the fastest candidate's single-core rate."""
-        return self.cores * self.best.images_per_s
-
-    @property
-    def best_images_per_cpu_s(self) -> float:
-        return max(rate.images_per_cpu_s for rate in self.rates)
-
-    def ratio(self, images_per_s: float) -> float:
-        """A loader's share of the limit (1.0 = every core decoding with the best decoder)."""
-        return images_per_s / self.images_per_s if self.images_per_s else 0.0
-
-    def efficiency(self, cpu_s_per_1k_images: float) -> float:
-        """Images per CPU second of a loader (whole process tree) over the best candidate's."""
-        if not cpu_s_per_1k_images or not self.best_images_per_cpu_s:
-            return 0.0
-        return (1000.0 / cpu_s_per_1k_images) / self.best_images_per_cpu_s
-
-    def pool_ratio(self, images_per_s: float) -> float | None:
-        """A loader's share of what a plain thread pool of the best decoder reaches."""
-        if self.pool is None or not self.pool.images_per_s:
-            return None
-        return images_per_s / self.pool.images_per_s
-
-    def as_dict(self) -> dict[str, Any]:
-        def rate(r: DecodeRate) -> dict[str, Any]:
-            per_s, per_cpu_s = r.images_per_s, r.images_per_cpu_s
-            return {**asdict(r), "images_per_s": per_s, "images_per_cpu_s": per_cpu_s}
-
-        return {
-            "job": self.job,
-            "cores": self.cores,
-            "image_size": self.image_size,
-            "best": self.best.name,
-            "limit_images_per_s": self.images_per_s,
-            "rates": [rate(r) for r in self.rates],
-            "pool": None if self.pool is None else rate(self.pool),
-            **({} if self.without_flips is None else {"without_flips": rate(self.without_flips)}),
-        }
-
-
 def usable_cores() -> int:
-    """Cores this process may run on (its affinity mask, not the machine's count)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
+    """Cores this process may run on: ``runtime.cpus_allowed`` (its SLURM allotment, else its
+    affinity mask, not the machine's count), the count the probe's ladder climbs to."""
+    return cpus_allowed()
 
 
 def candidates(image_size: int) -> dict[str, DecodeFn]:
     """The val job for one file -> uint8 CHW, per available decoder."""
     from loaderbench.images import load_rgb
-    from loaderbench.loaders.spdl.decoders import FFmpegDecoder, Geometry, Sample, TurboDecoder
+    from loaderbench.loaders.spdl import FFmpegDecoder, Geometry, Sample, TurboDecoder
     from loaderbench.transforms import pil_val_transform
 
     pil_transform = pil_val_transform(image_size)
@@ -171,8 +95,6 @@ def time_single_thread(
     Runs in a fresh thread whose torch ops are serial (as in the loaders' pools), so torch's
     intra-op threads do not count as "one core".
     """
-    from loaderbench.loaders.spdl.decoders import serial_torch_in_this_thread
-
     result: dict[str, Any] = {}
 
     def run() -> None:
@@ -204,8 +126,6 @@ def time_thread_pool(
     """(wall_s, process CPU s) of the fastest of ``repeats`` passes over ``paths`` decoded by a
     plain pool of ``threads`` threads, ``chunk`` images per task (a loader's batch)."""
     from concurrent.futures import ThreadPoolExecutor
-
-    from loaderbench.loaders.spdl.decoders import serial_torch_in_this_thread
 
     def decode_chunk(chunk_paths: Sequence[str]) -> None:
         serial_torch_in_this_thread()
@@ -266,7 +186,7 @@ def train_candidates(
     decoding only the box (``turbo-region``, where the CPU's JPEG backend decodes regions) or
     the whole image, then cutting the box (``turbo-whole``)."""
     from loaderbench import decode
-    from loaderbench.loaders.spdl.decoders import (
+    from loaderbench.loaders.spdl import (
         Geometry,
         Sample,
         TurboDecoder,
@@ -335,9 +255,7 @@ def stored_crops(
     ``image_size``), into rows in memory, with their train boxes and flips."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from loaderbench.loaders.memmap.build import StorePolicy, decode_stored
-    from loaderbench.loaders.memmap.settings import Settings
-    from loaderbench.loaders.memmap.store_raw import write_fit
+    from loaderbench.loaders.memmap import Settings, StorePolicy, decode_stored, write_fit
     from loaderbench.transforms import seeded_crops
 
     defaults = Settings()
@@ -445,9 +363,21 @@ def format_limit(limit: DecodeLimit) -> str:
     return "\n".join(lines)
 
 
-def is_raw_train(metrics: dict[str, Any]) -> bool:
-    """A train run of memmap's raw store: held to the crop-and-resize limit."""
-    return metrics.get("task") == "train" and metrics.get("loader_train_cache_store") == "raw"
+def run_bounds(metrics_path: Path, metrics: dict[str, Any]) -> tuple[str, ...]:
+    """What bounds a run's work, as its loader declares it (``LoaderSettings.work_bounds``) for
+    the settings the run had (its Hydra config beside metrics.json); decoding, where the run
+    left no config or names no loader of this tree."""
+    from loaderbench.loaders import loader_names, settings_class
+
+    config = metrics_path.parent / ".hydra" / "config.yaml"
+    name = metrics.get("loader")
+    if not config.is_file() or name not in loader_names():
+        return ("decode",)
+    from omegaconf import OmegaConf
+
+    ran_with = OmegaConf.load(config).loader
+    node = OmegaConf.merge(OmegaConf.structured(settings_class(name)), ran_with)
+    return OmegaConf.to_object(node).work_bounds(metrics.get("task") == "train")
 
 
 def format_ratio(limit: DecodeLimit, metrics: dict[str, Any], label: str) -> str:
@@ -514,8 +444,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     for path in args.metrics:
         metrics = json.loads(path.read_text())
         label = run_label(path, metrics)
-        # A raw store's train run decodes nothing: its work is the crop and resize.
-        applies = crop if is_raw_train(metrics) else limit
+        # A run that decodes nothing (a raw store's train run) crops and resizes stored rows.
+        applies = crop if run_bounds(path, metrics)[0] == "crop" else limit
         print(format_ratio(applies, metrics, f"{label} ({path})"))
         ips = metrics.get("images_per_s") or 0.0
         report["runs"][str(path)] = {

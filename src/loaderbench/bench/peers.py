@@ -25,7 +25,7 @@ from torch.utils.data import DataLoader
 from torchvision.transforms import v2
 
 from loaderbench.data import Split
-from loaderbench.loaders.torchvision.loader import EveryEpoch, ImageFileDataset
+from loaderbench.loaders.torchvision import EveryEpoch, ImageFileDataset
 from loaderbench.transforms import val_resize_size
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)

@@ -5,22 +5,46 @@ A loader is a folder here holding ``settings.py`` (its typed keys, a ``Settings`
 ``@register_loader``), plus whatever only it uses; ``conf/loader/<name>.yaml`` selects it.
 Loader modules are imported on first use, so that, say, SPDL's native libraries load only when
 ``loader=spdl``.
+
+A loader kept outside this tree (one's own, a test's) lives in a folder named by
+``LOADERBENCH_LOADER_PATH`` (folders separated by ``os.pathsep``), laid out as here
+(``<folder>/<name>/settings.py`` and ``loader.py``) and imported as ``loaderbench.loaders.<name>``;
+its YAML, ``<conf>/loader/<name>.yaml``, is found through Hydra's own search path:
+``hydra.searchpath=[file://<conf>]`` on the command line.
 """
 
 from __future__ import annotations
 
 import functools
 import importlib
+import os
 import pkgutil
+from pathlib import Path
 from typing import Any
 
 from loaderbench.loaders.base import LOADERS, Batch, Loader, LoaderSpec, register_loader
 from loaderbench.loaders.settings import LoaderSettings, is_worker_count
 
+LOADER_PATH_ENV = "LOADERBENCH_LOADER_PATH"
+
+
+def _extra_loader_folders() -> list[str]:
+    """The folders ``LOADERBENCH_LOADER_PATH`` names; one that is not a folder fails here,
+    naming it (else its loaders would be "unknown", with no word of why)."""
+    folders = [part for part in os.environ.get(LOADER_PATH_ENV, "").split(os.pathsep) if part]
+    for folder in folders:
+        if not Path(folder).is_dir():
+            raise NotADirectoryError(f"{LOADER_PATH_ENV}: {folder!r} is not a folder")
+    return [str(Path(folder).resolve()) for folder in folders]
+
+
+# Searched after this package's own folder, so a loader of the tree keeps its name.
+__path__ = [*__path__, *_extra_loader_folders()]
+
 
 @functools.cache
 def loader_names() -> tuple[str, ...]:
-    """Every loader: the sub-packages of this package."""
+    """Every loader: the sub-packages of this package (and of ``LOADERBENCH_LOADER_PATH``)."""
     return tuple(sorted(module.name for module in pkgutil.iter_modules(__path__) if module.ispkg))
 
 
@@ -55,6 +79,7 @@ def prepare_loader(spec: LoaderSpec) -> dict[str, Any]:
 
 
 __all__ = [
+    "LOADER_PATH_ENV",
     "Batch",
     "Loader",
     "LoaderSettings",

@@ -9,6 +9,7 @@ hand over the same kind of batch and the comparison between them is fair.
 from __future__ import annotations
 
 import abc
+import logging
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -18,6 +19,8 @@ import torch
 from loaderbench.data import Split
 from loaderbench.loaders.settings import LoaderSettings
 from loaderbench.transforms import RRC_RATIO, RRC_SCALE, seeded_crops
+
+log = logging.getLogger(__name__)
 
 Sizes = Sequence[int] | torch.Tensor
 
@@ -110,6 +113,9 @@ class Loader(abc.ABC):
         # batch. A job resumed in this epoch continues from here (``set_epoch(epoch,
         # position)``); from the batches handed over, it would serve one twice.
         self.position = 0
+        # The skipped-file ledger: the split's files (indices) this loader found unreadable in
+        # the epochs served so far (``skip_unreadable``).
+        self._skipped: set[int] = set()
 
     @classmethod
     def prepare(cls, spec: LoaderSpec) -> dict[str, Any]:
@@ -152,11 +158,21 @@ class Loader(abc.ABC):
         ``len(skipped_indices())``)."""
         return {"skipped_files": len(self.skipped_indices())}
 
+    def skip_unreadable(self, index: int, error: str) -> None:
+        """Enter file ``index`` of the split, which could not be read (``error`` says why), in
+        the ledger: counted once and named once in the log, however many epochs, ranks'
+        shares or retries meet it. Call it in the consumer's thread (the ledger has no lock)."""
+        if index in self._skipped:
+            return
+        self._skipped.add(index)
+        # This run's path: a loader reading a cache built from a copy names the file here.
+        log.warning("skipping unreadable image %s: %s", self.spec.split.paths[index], error)
+
     def skipped_indices(self) -> frozenset[int]:
         """The files of the split (indices) this loader was to deliver, in the epochs served so
         far, and skipped as unreadable: each once, however many epochs met it. The session
         unites them over splits and ranks into ``skipped_files``."""
-        return frozenset()
+        return frozenset(self._skipped)
 
     def close(self) -> None:  # noqa: B027 - most loaders hold something to release
         """Release workers, threads and files. Safe to call twice."""

@@ -44,7 +44,7 @@ class AutotuneSettings:
     # Climb to the next count only while the last one beat the best before it by more than this.
     gain: float = 0.05
     # Each count's measured window (after its loader's head start): at least this many seconds
-    # and batches, and whole rounds of the workers, two at least (autotune_rung.measure_rung).
+    # and batches, and whole rounds of the workers, two at least (autotune.rung.measure_rung).
     window_s: float = 1.5
     min_batches: int = 4
     # No count is started after this many seconds of probing.
@@ -89,7 +89,7 @@ class AutotuneSettings:
 class LoaderSettings:
     name: str = MISSING
     batch_size: int = 32
-    # The parallelism a sweep turns; what a worker is depends on the loader (README: "What
+    # The parallelism a sweep turns; what a worker is depends on the loader (docs/loaders.md: "What
     # num_workers and prefetch mean"): processes (torchvision), decode threads (spdl), reading
     # threads and cache-build processes (memmap). 0: everything in the main thread. "auto": the
     # fewest that keep the run fed, probed before its first epoch (``loaderbench.autotune``).
@@ -106,6 +106,28 @@ class LoaderSettings:
     @property
     def auto_workers(self) -> bool:
         return self.num_workers == AUTO
+
+    def folders(self) -> tuple[str, ...]:
+        """The folders on disk this loader keeps files in between runs (memmap: its cache
+        folder), as configured (relative to the directory the command runs from): evicted
+        with the images for a cold run (``bench.drop_page_cache``), where a remembered
+        ``num_workers=auto`` choice is kept, what housekeeping looks after. None by default."""
+        return ()
+
+    @classmethod
+    def contract_variants(cls) -> list[dict[str, Any]]:
+        """Each way this loader runs on the CPU, as overrides of its keys: the loader contract
+        (tests/test_loader_contract.py) runs every one. One, its defaults, unless it has more."""
+        return [{}]
+
+    def work_bounds(self, train: bool) -> tuple[str, ...]:
+        """What bounds this loader's work per image on the train (else val) pipeline, so that
+        the benchmark holds its rows to the limit of the same work: first one of "decode"
+        (decoding and resizing whole JPEGs), "copy" (copying stored pixels) or "crop" (cutting,
+        resizing and flipping stored pixels); then any further yardsticks: "pool" (a plain
+        thread pool of the decode limit's own decoder), "region" (decoding only each train
+        crop's region). Decoding every image, unless a loader says otherwise."""
+        return ("decode",)
 
     def checks(self) -> list[Check]:
         """Range checks of this loader's keys; subclasses add theirs."""

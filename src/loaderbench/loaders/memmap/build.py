@@ -236,8 +236,9 @@ class BuildChunks(Dataset):
 
 
 @dataclass
-class Decoded:
-    """What decoding every image left to record."""
+class BuildRecord:
+    """What a cache build leaves to record: every image's stored size, the files it skipped,
+    its timings and the libraries that decoded."""
 
     heights: torch.Tensor
     widths: torch.Tensor
@@ -250,7 +251,7 @@ class Decoded:
 ChunkSink = Callable[[int, Any], None]  # (first image, the chunk's payload)
 
 
-def run_chunks(job: BuildJob, chunks: BuildChunks, sink: ChunkSink | None = None) -> Decoded:
+def run_chunks(job: BuildJob, chunks: BuildChunks, sink: ChunkSink | None = None) -> BuildRecord:
     """Decode every image, chunk by chunk, in ``job.num_workers`` processes; sizes, skipped
     files and timings come back here (and each chunk's payload goes to ``sink``, in order)."""
     split, num_workers = job.split, job.num_workers
@@ -263,7 +264,7 @@ def run_chunks(job: BuildJob, chunks: BuildChunks, sink: ChunkSink | None = None
         prefetch_factor=4 if num_workers > 0 else None,
         generator=torch.Generator(),  # else DataLoader draws its worker seed from the global RNG
     )
-    done = Decoded(torch.zeros(n, dtype=torch.int32), torch.zeros(n, dtype=torch.int32), [])
+    done = BuildRecord(torch.zeros(n, dtype=torch.int32), torch.zeros(n, dtype=torch.int32), [])
     first_at, first_count = 0.0, 0
     bar = tqdm(
         total=n,
@@ -355,7 +356,7 @@ class Store(ABC):
         they are known only after it)."""
 
     @abstractmethod
-    def build(self, job: BuildJob) -> tuple[Any, Decoded]:
+    def build(self, job: BuildJob) -> tuple[Any, BuildRecord]:
         """Every image of ``job.split``, decoded by ``run_chunks``, into new files in
         ``job.dest``: the mapped cache (its heights and widths still to be written) and what
         decoding left."""

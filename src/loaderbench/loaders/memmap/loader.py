@@ -7,9 +7,9 @@ relied on and faster:
   by every later run with the same files and settings;
 * an epoch is the shared seeded order (``epoch_permutation``) cut into this rank's batches;
   a batch is one gather from the memory-mapped images: numpy's ``take`` into a reused buffer,
-  a memcpy per image. Measured on a 2-core machine: over 10x faster than indexing the
-  TensorClass (``data[idx]``, advanced indexing per field) and steadier than
-  ``torch.index_select``, whose intra-op threads stall when the cores are busy;
+  a memcpy per image: faster than indexing the TensorClass (``data[idx]``, advanced indexing
+  per field) and steadier than ``torch.index_select``, whose intra-op threads stall when the
+  cores are busy (docs/measurements.md, "memmap: the gather");
 * ``num_workers`` threads prepare ``prefetch`` batches ahead (in total), so reading overlaps
   the model's step (the gather and the resize release the GIL); 0 reads in the caller;
 * train batches get a random-resized crop (a different box per image, sampled inside each
@@ -37,7 +37,6 @@ plain tensors and a non-blocking copy serve better.
 from __future__ import annotations
 
 import contextlib
-import logging
 import threading
 import weakref
 from collections import deque
@@ -67,15 +66,13 @@ from loaderbench.loaders.memmap.cache import OpenedCache, ensure_cache
 from loaderbench.loaders.memmap.device_work import ThreadStreams
 from loaderbench.loaders.memmap.settings import Settings
 from loaderbench.loaders.memmap.store_jpeg import JpegCache
-from loaderbench.loaders.spdl.decoders import serial_torch_in_this_thread
+from loaderbench.threads import serial_torch_in_this_thread
 from loaderbench.transforms import (
     crop_resize_flip_batch,
     crop_resize_flip_rows,
     crop_resize_flip_sampled,
     resized_crop_images,
 )
-
-log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -169,7 +166,6 @@ class MemmapLoader(Loader):
             self._valid[[item["index"] for item in skipped]] = False
         # Why the build could not read each file it left out; named when an epoch meets it.
         self._errors: dict[int, str] = {item["index"]: item["error"] for item in skipped}
-        self._skipped: set[int] = set()
         self._decoded_by: dict[str, int] = {}  # a jpeg store's delivered images, by library
         self._live: weakref.WeakSet = weakref.WeakSet()  # iterators not yet finished
         self._pools: set[ThreadPoolExecutor] = set()
@@ -345,13 +341,8 @@ class MemmapLoader(Loader):
         if not self._errors:
             return
         for index in indices.tolist():
-            if index in self._errors and index not in self._skipped:
-                self._skipped.add(index)
-                path = self.spec.split.paths[index]  # this run's: the cache may be from a copy
-                log.warning("skipping unreadable image %s: %s", path, self._errors[index])
-
-    def skipped_indices(self) -> frozenset[int]:
-        return frozenset(self._skipped)
+            if index in self._errors:
+                self.skip_unreadable(index, self._errors[index])
 
     def __iter__(self) -> Iterator[Batch]:
         batches = self.spec.epoch_batches(self.epoch, self.start_batch)
@@ -409,7 +400,7 @@ class MemmapLoader(Loader):
     def stats(self) -> dict[str, Any]:
         meta = self.cache.meta
         return {
-            "skipped_files": len(self._skipped),
+            **super().stats(),
             "cache_path": str(self.cache.path),
             "cache_built": self.cache.built,
             "cache_build_s": meta["build_s"],

@@ -14,7 +14,7 @@ from tensordict import TensorClass
 from loaderbench.loaders.memmap.build import (
     BuildChunks,
     BuildJob,
-    Decoded,
+    BuildRecord,
     Store,
     StorePolicy,
     run_chunks,
@@ -66,7 +66,7 @@ class JpegStore(Store):
     def bytes_per_image(self, policy: StorePolicy) -> int:
         return math.ceil(math.prod(policy.image_shape()) * JPEG_BYTES_ESTIMATE)
 
-    def build(self, job: BuildJob) -> tuple[JpegCache, Decoded]:
+    def build(self, job: BuildJob) -> tuple[JpegCache, BuildRecord]:
         """Re-encoded JPEGs: the workers encode, this process appends the bytes to one file,
         which then becomes the ``data`` field's memory-mapped file (no second copy)."""
         n, dest = len(job.split), job.dest

@@ -16,7 +16,7 @@ from tensordict import MemoryMappedTensor, TensorClass
 from loaderbench.loaders.memmap.build import (
     BuildChunks,
     BuildJob,
-    Decoded,
+    BuildRecord,
     Store,
     StorePolicy,
     reserve_space,
@@ -99,7 +99,7 @@ class RawStore(Store):
     def bytes_per_image(self, policy: StorePolicy) -> int:
         return math.prod(policy.image_shape())
 
-    def build(self, job: BuildJob) -> tuple[ImageCache, Decoded]:
+    def build(self, job: BuildJob) -> tuple[ImageCache, BuildRecord]:
         """Decoded pixels, written by the workers straight into the mapped rows."""
         cache = allocate(job.dest, job.split, job.policy)
         return cache, run_chunks(job, _RawChunks(job, str(cache.images.filename)))

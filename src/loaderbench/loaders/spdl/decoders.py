@@ -3,8 +3,7 @@
 SPDL's pipeline does not care which decoder its decode stage calls, as long as the call releases
 the GIL: the stage runs ``loader.num_workers`` batch decodes at once in a thread pool, so the
 heavy parts (file read, entropy decoding, colour conversion, resizing) must run in C/C++ without
-the GIL. All three do (measured: a Python thread keeps running at full speed beside a 4000x3000
-decode or resize in another thread, its longest stall ~12-20 ms against 70-500 ms calls):
+the GIL. All three do (docs/decoding.md gives the measurement):
 
 * ``ffmpeg``: ``spdl.io.demux_image`` + ``spdl.io.decode_packets`` with an FFmpeg filter graph
   that does the whole geometry in one pass (crop, scale, flip, RGB conversion). FFmpeg's JPEG
@@ -31,61 +30,32 @@ pixels everywhere. Every decoder refuses an image over
 orientation (``loaderbench.images`` says why). A file nothing can decode becomes a ``Failure``
 naming it; the loader skips or raises it (``dataset.on_error``).
 
-Geometry, the same for every decoder and equal to the torchvision reference:
-
-* val: resize the short side to ``val_resize_size(size)`` keeping the aspect ratio (the
-  rounding of torchvision's ``Resize``), then crop the centre ``size`` x ``size``. SPDL's
-  default ``scale_mode="pad"`` letterboxes instead, which is a different image. Where the
-  JPEG backend decodes regions (``turbo`` and ``nvjpeg`` with nvImageCodec), the centre crop
-  is taken as a region of the original instead (``val_region_plan``: ~57% of a 4:3 photo's
-  pixels), decoded alone and resized once: 1.73 against 2.34 CPU ms an image at 224 px on
-  real ImageNet photos. Its edges are rounded to whole source pixels, so the crop sits up to half
-  a source pixel off the reference's (mean |difference| 0.5-0.9 grey levels on the synthetic
-  set, 1.9 on real photos); one checkpoint's top-1 on 1000 generated val images (10 classes,
-  the hard set: top-1 0.29-0.39) moved by 0.2 points against torchvision's, memmap's and the
-  whole decode's, at 64 and at 224 px, inside the loaders' half-point parity. FFmpeg decodes
-  whole and keeps the reference's plan.
-* train: the random-resized crop is done per image, in the decode stage: the box is drawn by
-  ``seeded_crops`` (every loader's) from the image's true size (the header's), decoded alone
-  from the file where the backend decodes regions (libjpeg-turbo skips the rows above and
-  below it and the IDCT of the columns beside it: the same pixels as a whole decode cut to the
-  box, tests/test_decode.py; ``split_region``) and resized once to ``size`` x ``size`` (then
-  flipped with probability 1/2). Chosen over a
-  fixed-size decode followed by a batched crop (memmap's way) because the image is decoded
-  in that stage anyway, so the crop costs nothing extra and the resize shrinks only the box,
-  not the whole image: one resize instead of two, no float round trip, and a small box is
-  taken from full-resolution pixels (as torchvision's RandomResizedCrop does) rather than
-  upsampled from an already shrunken image. The sizes come from the JPEG headers before any
-  decoding, so a batch's boxes and flips are computed in one call, each image's from its own
-  generator seeded by (seed, epoch, index): reproducible whatever the thread timing, and the
-  same boxes as the other loaders draw for the same image.
+What they decode is described by ``records`` (samples, opened files, failures, batches) and
+``geometry`` (the plan per image: box, resize, crop, flip).
 """
 
 from __future__ import annotations
 
 import abc
-import ctypes
-import functools
-import math
-import re
-import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
-from typing import Any, ClassVar, NamedTuple
+from dataclasses import replace
+from typing import ClassVar
 
 import numpy as np
 import torch
 
 from loaderbench import decode, decoded_by
 from loaderbench.buffers import BatchBuffers
-from loaderbench.decode import Box, Decoded, batch_decoder, decode_cpu, require_cuda
+from loaderbench.decode import Decoded, batch_decoder, decode_cpu, require_cuda
 from loaderbench.images import check_size, fast_jpeg, load_rgb
-from loaderbench.transforms import (
-    RRC_RATIO,
-    RRC_SCALE,
-    resize_uint8,
-    seeded_crops,
-    val_resize_size,
+from loaderbench.loaders.spdl.geometry import Geometry, Plan, apply_plan, split_region
+from loaderbench.loaders.spdl.records import (
+    DecodedBatch,
+    Failure,
+    Opened,
+    ReadBatch,
+    Sample,
+    is_encoded,
 )
 
 # FFmpeg's scaler: bilinear, widened when shrinking like PIL's antialiased filter. Interpolating
@@ -95,258 +65,6 @@ FFMPEG_SCALE_FLAGS = "bilinear+full_chroma_int"
 # Fail on a damaged stream (truncated file) instead of returning a half-grey image; PIL and
 # libjpeg-turbo refuse those too.
 FFMPEG_DECODER_OPTIONS = {"err_detect": "explode"}
-
-
-# ---------------------------------------------------------------------------------------------
-# What flows through the pipeline.
-
-
-class Sample(NamedTuple):
-    """One image of an epoch, as the source emits it."""
-
-    index: int  # position in the split
-    path: str
-    label: int
-    epoch: int
-
-
-class Opened(NamedTuple):
-    """A file read, its image size known, not yet (necessarily) decoded."""
-
-    sample: Sample
-    height: int
-    width: int
-    # The decoder's own: the file's bytes (uint8, 1-D), demuxed packets, or an image already
-    # decoded (uint8 CHW) because its size could not be known otherwise.
-    payload: Any
-
-
-class Failure(NamedTuple):
-    """A file no decoder could read."""
-
-    index: int  # position in the split
-    path: str
-    error: str
-
-
-class DecodedBatch(NamedTuple):
-    """What a decode task hands on: a whole batch, ready for the device or on it."""
-
-    images: torch.Tensor  # uint8 NCHW, contiguous; pinned for a CUDA run, or already on the GPU
-    labels: torch.Tensor  # int64 (N,), on the same device as images
-    failures: list[Failure]  # files of this batch no decoder could read, left out of it
-    # Made on a side stream: usable on another once this event has passed (jpeg.hand_over).
-    ready: torch.cuda.Event | None = None
-    # The images of this batch by the library that decoded them (``loaderbench.decoded_by``).
-    decoded_by: dict[str, int] | None = None
-
-
-class ReadBatch(NamedTuple):
-    """nvjpeg's batch between its two stages: the JPEGs still encoded, the other files
-    already decoded and planned on the CPU (into pinned memory)."""
-
-    jpegs: list[tuple[Opened, Plan]]
-    staged: torch.Tensor  # uint8 (k, 3, size, size): the non-JPEG files, finished
-    staged_labels: list[int]
-    failures: list[Failure]
-    decoded_by: dict[str, int] | None = None  # the staged files', by library
-
-
-# ---------------------------------------------------------------------------------------------
-# Geometry: one plan per image, executed by each decoder its own way.
-
-
-@dataclass(frozen=True)
-class Plan:
-    """Cut ``box`` (top, left, h, w) from the image, resize it to ``resize`` (h, w), then
-    cut ``crop`` (top, left, h, w) from the result (if any) and flip it (if ``flip``)."""
-
-    box: tuple[int, int, int, int]
-    resize: tuple[int, int]
-    crop: tuple[int, int, int, int] | None = None
-    flip: bool = False
-
-
-def val_plan(height: int, width: int, size: int) -> Plan:
-    """torchvision's ``Resize(val_resize_size(size))`` + ``CenterCrop(size)``, to the pixel."""
-    short = val_resize_size(size)
-    if width <= height:
-        new_w, new_h = short, int(short * height / width)
-    else:
-        new_w, new_h = int(short * width / height), short
-    # new_h, new_w >= short >= size, so the crop always fits (no padding case).
-    top = round((new_h - size) / 2.0)  # Python's round, as CenterCrop
-    left = round((new_w - size) / 2.0)
-    return Plan(box=(0, 0, height, width), resize=(new_h, new_w), crop=(top, left, size, size))
-
-
-def val_region_plan(height: int, width: int, size: int) -> Plan:
-    """``val_plan``'s centre crop taken from the original image: its box there, resized to
-    ``size`` x ``size`` (the box's edges rounded to whole pixels; never empty: see
-    ``source_span`` for a side too thin to hold a whole source pixel of the crop)."""
-    reference = val_plan(height, width, size)
-    assert reference.crop is not None
-    new_h, new_w = reference.resize
-    top, left, _, _ = reference.crop
-    y0, y1, resize_h, crop_top = source_span(top, size, height, new_h)
-    x0, x1, resize_w, crop_left = source_span(left, size, width, new_w)
-    crop = (crop_top, crop_left, size, size) if (resize_h, resize_w) != (size, size) else None
-    return Plan(box=(y0, x0, y1 - y0, x1 - x0), resize=(resize_h, resize_w), crop=crop)
-
-
-class Span(NamedTuple):
-    """One side of a val region: source pixels [lo, hi), resized to ``resized`` pixels, of
-    which the crop starts at ``offset``."""
-
-    lo: int
-    hi: int
-    resized: int
-    offset: int
-
-
-def source_span(start: int, size: int, source: int, resized: int) -> Span:
-    """The source pixels under the crop's pixels [start, start + size) of a side the reference
-    resizes from ``source`` to ``resized`` pixels, edges rounded to whole pixels, resized to
-    ``size``. Where that rounds to nothing (the crop spans less than a source pixel: the long
-    side of a 1 x 1000 image, which the reference upsamples 256-fold), the region would be
-    empty: it is then the two source pixels whose centres bracket the crop (those the
-    reference's bilinear upsampling blends there), resized at the reference's own scale and
-    cut where the reference cuts, so its pixels are the reference's."""
-    scale = source / resized
-    lo, hi = round(start * scale), round((start + size) * scale)
-    if hi > lo:
-        return Span(lo, hi, size, 0)
-    centre = (start + size / 2) * scale - 0.5  # in source pixel-centre coordinates
-    lo = min(max(math.floor(centre), 0), max(source - 2, 0))
-    hi = min(lo + 2, source)
-    length = max(round((hi - lo) / scale), size)
-    offset = min(max(round(start - lo / scale), 0), length - size)
-    return Span(lo, hi, length, offset)
-
-
-def train_plans(boxes: torch.Tensor, flips: torch.Tensor, size: int) -> list[Plan]:
-    """Random-resized crop plans from boxes ``(top, left, h, w)`` and flips."""
-    return [
-        Plan(box=(top, left, h, w), resize=(size, size), flip=flip)
-        for (top, left, h, w), flip in zip(boxes.tolist(), flips.tolist(), strict=True)
-    ]
-
-
-@dataclass(frozen=True)
-class Geometry:
-    """The output size, for training the run's seed and the random-resized crop's ranges, and
-    for val whether a JPEG's centre crop is taken as a region of the original
-    (``val_region_plan``) or from the resized image (``val_plan``)."""
-
-    size: int
-    train: bool
-    seed: int = 0
-    scale: tuple[float, float] = RRC_SCALE
-    ratio: tuple[float, float] = RRC_RATIO
-    val_region: bool = False
-
-    def val_plan(self, opened: Opened) -> Plan:
-        """The centre crop's region of a JPEG still to be decoded (where regions are decoded);
-        the reference's plan for a file decoded already (not a JPEG, or one PIL reads)."""
-        plan = val_region_plan if self.val_region and is_encoded(opened) else val_plan
-        return plan(opened.height, opened.width, self.size)
-
-    def plans(self, opened: Sequence[Opened]) -> list[Plan]:
-        """One plan per opened image; a train image's crop and flip come from its own
-        generator (``seeded_crops`` of the run's seed, the epoch and the image)."""
-        if not self.train:
-            return [self.val_plan(o) for o in opened]
-        if not opened:
-            return []
-        boxes, flips = seeded_crops(
-            [o.height for o in opened],
-            [o.width for o in opened],
-            self.seed,
-            opened[0].sample.epoch,
-            [o.sample.index for o in opened],
-            self.scale,
-            self.ratio,
-        )
-        return train_plans(boxes, flips, self.size)
-
-
-def split_region(plan: Plan) -> tuple[Box, Plan]:
-    """The region of the image a plan reads (its box) and the plan for that region once
-    decoded alone: region decoders decode only the box, the others cut it from the image."""
-    _, _, h, w = plan.box
-    return plan.box, replace(plan, box=(0, 0, h, w))
-
-
-def apply_plan(image: torch.Tensor, plan: Plan) -> torch.Tensor:
-    """Execute a plan on a uint8 CHW tensor (CPU or GPU); returns a view where it can."""
-    top, left, h, w = plan.box
-    out = resize_uint8(image[:, top : top + h, left : left + w], plan.resize)
-    if plan.crop is not None:
-        top, left, h, w = plan.crop
-        out = out[:, top : top + h, left : left + w]
-    if plan.flip:
-        out = out.flip(-1)
-    return out
-
-
-def ffmpeg_filter(plan: Plan, height: int, width: int) -> str:
-    """The same plan as an FFmpeg filter graph, ending in packed RGB."""
-    parts = []
-    top, left, h, w = plan.box
-    if (h, w) != (height, width):
-        parts.append(f"crop=w={w}:h={h}:x={left}:y={top}:exact=1")
-    if (h, w) != plan.resize:
-        new_h, new_w = plan.resize
-        parts.append(f"scale=w={new_w}:h={new_h}:flags={FFMPEG_SCALE_FLAGS}")
-    if plan.crop is not None:
-        top, left, h, w = plan.crop
-        parts.append(f"crop=w={w}:h={h}:x={left}:y={top}:exact=1")
-    if plan.flip:
-        parts.append("hflip")
-    parts.append("format=pix_fmts=rgb24")
-    return ",".join(parts)
-
-
-# ---------------------------------------------------------------------------------------------
-# Threads.
-
-_THREAD = threading.local()
-
-
-@functools.cache
-def _openmp_runtime() -> ctypes.CDLL | None:
-    """The OpenMP runtime torch loaded (libgomp / libiomp / libomp), if we can find it."""
-    try:
-        with open("/proc/self/maps") as maps:
-            paths = sorted(
-                {
-                    line.split()[-1]
-                    for line in maps
-                    if re.search(r"lib(gomp|iomp5|omp)[^/]*\.so", line)
-                }
-            )
-        return ctypes.CDLL(paths[0]) if paths else None
-    except (OSError, IndexError):
-        return None
-
-
-def serial_torch_in_this_thread() -> None:
-    """Run torch ops called from this pool thread on one core.
-
-    The pipeline's parallelism is its threads: a torch op (resize, stack) that also splits
-    itself over torch's intra-op OpenMP team makes num_workers x intra-op threads fight over
-    the cores, and on a busy machine one parallel region waits for a descheduled teammate
-    (a 0.6 ms stack took 400 ms here). ``torch.set_num_threads(1)`` would also change the
-    default of every later thread in the process, so only this thread's OpenMP setting is
-    changed, after torch has initialised it.
-    """
-    if getattr(_THREAD, "serial", False):
-        return
-    _THREAD.serial = True
-    torch.get_num_threads()  # torch initialises this thread's OpenMP setting on first use
-    runtime = _openmp_runtime()
-    if runtime is not None and torch.__config__.parallel_info().find("OpenMP") >= 0:
-        runtime.omp_set_num_threads(1)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -381,13 +99,27 @@ def open_file(sample: Sample) -> Opened:
     return Opened(sample, header.height, header.width, data)
 
 
-def is_encoded(opened: Opened) -> bool:
-    return isinstance(opened.payload, torch.Tensor) and opened.payload.dim() == 1
-
-
 def _first_line(error: BaseException) -> str:
     text = str(error).strip().splitlines()
     return f"{type(error).__name__}: {text[0] if text else ''}"
+
+
+def ffmpeg_filter(plan: Plan, height: int, width: int) -> str:
+    """The same plan as an FFmpeg filter graph, ending in packed RGB."""
+    parts = []
+    top, left, h, w = plan.box
+    if (h, w) != (height, width):
+        parts.append(f"crop=w={w}:h={h}:x={left}:y={top}:exact=1")
+    if (h, w) != plan.resize:
+        new_h, new_w = plan.resize
+        parts.append(f"scale=w={new_w}:h={new_h}:flags={FFMPEG_SCALE_FLAGS}")
+    if plan.crop is not None:
+        top, left, h, w = plan.crop
+        parts.append(f"crop=w={w}:h={h}:x={left}:y={top}:exact=1")
+    if plan.flip:
+        parts.append("hflip")
+    parts.append("format=pix_fmts=rgb24")
+    return ",".join(parts)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -400,8 +132,8 @@ class ImageDecoder(abc.ABC):
     A call opens every file of the batch first (read, size from the header), draws the batch's
     plans at once (``Geometry.plans``), then decodes the images one after the other into one
     (pinned) batch tensor. A batch per pipeline task rather than an image per task matters:
-    SPDL's per-task dispatch costs about as much CPU as a third of a JPEG decode (measured
-    here); per batch it vanishes.
+    SPDL's per-task dispatch costs a sizeable part of a JPEG decode's CPU (docs/decoding.md);
+    per batch it vanishes.
     """
 
     name: ClassVar[str]
@@ -656,16 +388,11 @@ def build_decoder(name: str, geometry: Geometry, device: torch.device) -> ImageD
 
 __all__ = [
     "DECODERS",
-    "DecodedBatch",
-    "Failure",
-    "Geometry",
+    "FFmpegDecoder",
     "ImageDecoder",
-    "Opened",
-    "Plan",
-    "Sample",
-    "apply_plan",
+    "NvjpegDecoder",
+    "TurboDecoder",
     "build_decoder",
     "ffmpeg_filter",
-    "train_plans",
-    "val_plan",
+    "open_file",
 ]

@@ -64,21 +64,16 @@ from loaderbench.loaders.base import (
     LoaderSpec,
     register_loader,
 )
-from loaderbench.loaders.spdl.decoders import (
-    DecodedBatch,
-    Failure,
-    Geometry,
-    ImageDecoder,
-    Sample,
-    build_decoder,
-    serial_torch_in_this_thread,
-)
+from loaderbench.loaders.spdl.decoders import ImageDecoder, build_decoder
+from loaderbench.loaders.spdl.geometry import Geometry
+from loaderbench.loaders.spdl.records import DecodedBatch, Failure, Sample
 from loaderbench.loaders.spdl.settings import Settings
 from loaderbench.loaders.spdl.stats import (
     PipelineStats,
     recording_hooks,
     recording_queue_class,
 )
+from loaderbench.threads import serial_torch_in_this_thread
 
 log = logging.getLogger(__name__)
 
@@ -162,7 +157,6 @@ class SpdlLoader(Loader):
         # SPDL needs a thread to decode in: num_workers=0 decodes in one.
         self.decode_threads = max(1, spec.num_workers)
         self.recorder = PipelineStats()
-        self._skipped: set[int] = set()  # each counted and logged once
         self._decoded_by: dict[str, int] = {}  # the delivered batches' images, by library
         self._pipeline: Pipeline[DecodedBatch] | None = None
         self._executor: ThreadPoolExecutor | None = None
@@ -258,9 +252,7 @@ class SpdlLoader(Loader):
         for failure in failures:
             if not self.spec.skip_errors:
                 raise OSError(f"cannot decode image {failure.path}: {failure.error}")
-            if failure.index not in self._skipped:
-                self._skipped.add(failure.index)
-                log.warning("skipping unreadable image %s: %s", failure.path, failure.error)
+            self.skip_unreadable(failure.index, failure.error)
 
     def _batches(self, pipeline: Pipeline[DecodedBatch], epoch: int) -> Iterator[DecodedBatch]:
         timeout = self.settings.timeout_s
@@ -309,12 +301,9 @@ class SpdlLoader(Loader):
             else:
                 self.close()
 
-    def skipped_indices(self) -> frozenset[int]:
-        return frozenset(self._skipped)
-
     def stats(self) -> dict[str, Any]:
         return {
-            "skipped_files": len(self._skipped),
+            **super().stats(),
             "spdl_decoder": self.settings.decoder,
             "spdl_decode_threads": self.decode_threads,
             "jpeg_backend": self.decoder.jpeg_backend(),

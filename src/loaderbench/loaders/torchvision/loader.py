@@ -12,7 +12,6 @@ epoch, image) (``LoaderSpec.random_crops``, as in every loader): the sampler han
 
 from __future__ import annotations
 
-import logging
 import signal
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -36,8 +35,6 @@ from loaderbench.loaders.base import (
 )
 from loaderbench.loaders.torchvision.settings import Settings
 from loaderbench.transforms import pil_val_transform
-
-log = logging.getLogger(__name__)
 
 # (image, index, epoch) -> uint8 CHW
 ImageTransform = Callable[[Image.Image, int, int], torch.Tensor]
@@ -177,7 +174,6 @@ class TorchvisionLoader(Loader):
             # from the global RNG at every epoch's start.
             generator=torch.Generator().manual_seed(spec.seed * 1_000 + spec.rank),
         )
-        self._skipped: set[int] = set()
         self._decoded_by: dict[str, int] = {}  # the delivered batches' images, by library
 
     def set_epoch(self, epoch: int, start_batch: int = 0) -> None:
@@ -212,9 +208,7 @@ class TorchvisionLoader(Loader):
 
     def _account(self, failed: list[tuple[int, str]]) -> None:
         for index, error in failed:
-            if index not in self._skipped:
-                self._skipped.add(index)
-                log.warning("skipping unreadable image %s: %s", self.spec.split.paths[index], error)
+            self.skip_unreadable(index, error)
 
     def _dead_workers(self) -> str:
         """'worker pid N killed by SIGKILL, ...' for worker processes that died, else ''."""
@@ -227,9 +221,6 @@ class TorchvisionLoader(Loader):
             how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
             dead.append(f"worker pid {worker.pid} {how}")
         return ", ".join(dead)
-
-    def skipped_indices(self) -> frozenset[int]:
-        return frozenset(self._skipped)
 
     def stats(self) -> dict[str, Any]:
         return {**super().stats(), "decoded_by": dict(self._decoded_by)}

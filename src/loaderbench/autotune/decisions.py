@@ -24,10 +24,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from omegaconf import OmegaConf
 
 from loaderbench import decode
-from loaderbench.autotune_rung import ProbeRow
+from loaderbench.autotune.rung import ProbeRow
 from loaderbench.data import resolve_path
 from loaderbench.loaders import LoaderSpec
 from loaderbench.locking import atomic_write_text
@@ -105,8 +104,8 @@ def decision_key(
     own included, but ``refresh``, which asks for a probe and decides nothing), the model, the
     split (its name, size and fingerprint: files added, removed, resized or touched), image
     and batch size, augmentation, device, precision, world size and task."""
-    cfg = session.cfg
-    settings = dataclasses.asdict(session.loader_settings)
+    config = session.config
+    settings = dataclasses.asdict(config.loader)
     settings.pop("num_workers")
     settings["autotune"].pop("refresh")
     key = {
@@ -124,14 +123,14 @@ def decision_key(
             "images": len(spec.split),
             "fingerprint": spec.split.fingerprint(),
             "on_error": spec.on_error,
-            "max_image_pixels": cfg.dataset.max_image_pixels,
+            "max_image_pixels": config.dataset.max_image_pixels,
         },
         "image_size": spec.image_size,
-        "augment": OmegaConf.to_container(cfg.augment, resolve=True) if spec.train else None,
+        "augment": dataclasses.asdict(config.augment) if spec.train else None,
         "device": device_name(session.device),
         "precision": session.precision.name,
         "world_size": session.dist.world_size,
-        "runtime_threads": cfg.runtime.threads,
+        "runtime_threads": config.runtime.threads,
     }
     # As a file gives it back (tuples become lists), so a saved key compares equal.
     return json.loads(json.dumps(key))
@@ -142,9 +141,11 @@ def key_hash(key: dict[str, Any]) -> str:
 
 
 def decision_folder(session: Session) -> Path | None:
-    """Where choices are remembered: the loader's cache folder where it has one, else the
-    dataset index's (``dataset.index_dir``); None (nothing remembered) when that is null."""
-    folder = getattr(session.loader_settings, "cache_dir", None) or session.cfg.dataset.index_dir
+    """Where choices are remembered: the loader's first folder where it declares one (memmap:
+    its cache, ``LoaderSettings.folders``), else the dataset index's (``dataset.index_dir``);
+    None (nothing remembered) when that is null."""
+    config = session.config
+    folder = next(iter(config.loader.folders()), None) or config.dataset.index_dir
     return resolve_path(folder) if folder else None
 
 

@@ -1,21 +1,21 @@
 #!/usr/bin/env bash
 # `make gpu-kit`: the wheels a GPU machine without network lacks, in the git-ignored .gpu-kit/.
 #
-# The machine (scripts/gpu_check.sh runs there) has Python 3.12 with torch 2.11 (cu130),
-# torchvision 0.26, timm, numpy, pillow, psutil, matplotlib, tqdm, pytest, pyyaml, cloudpickle,
-# packaging and filelock; this fetches the rest of what the code and the tests import, as cp312
-# manylinux x86_64 (or pure-Python) wheels, one version each. At most 64 MiB travel to the
-# machine, the kit and the working tree together: the kit fails above KIT_MAX_MB (56 MiB),
-# and --check also fails when kit + working tree pass TRAVEL_MAX_MB (60 MiB: room under the
-# 64 MiB a call carries). wandb and submitit stay home (logger=none there; submitit only
+# The machine (gpu_check.sh, beside this script, runs there) has Python 3.12 with torch 2.11
+# (cu130), torchvision 0.26, timm, numpy, pillow, psutil, matplotlib, tqdm, pytest, pyyaml,
+# cloudpickle, packaging and filelock; this fetches the rest of what the code and the tests
+# import, as cp312 manylinux x86_64 (or pure-Python) wheels, one version each. At most 64 MiB
+# travel to the machine, the kit and the working tree together: the kit fails above KIT_MAX_MB
+# (56 MiB), and --check also fails when kit + working tree pass TRAVEL_MAX_MB (60 MiB: room
+# under the 64 MiB a call carries). wandb and submitit stay home (logger=none there; submitit only
 # serves the SLURM launchers).
 #
-#   scripts/gpu_kit.sh           download what is missing (quick when all is there)
-#   scripts/gpu_kit.sh --check   download nothing: every wheel present, tags cp312/py3, size
-#   scripts/gpu_kit.sh --list    the kit's NAME==VERSION, one a line
-#   scripts/gpu_kit.sh --travel  the size that travels (kit + working tree) against its limit
+#   tools/gpu_check/gpu_kit.sh            download what is missing (quick when all is there)
+#   tools/gpu_check/gpu_kit.sh --check    download nothing: every wheel present, tags, size
+#   tools/gpu_check/gpu_kit.sh --list     the kit's NAME==VERSION, one a line
+#   tools/gpu_check/gpu_kit.sh --travel   the size that travels (kit + working tree), its limit
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.." # the repository root: requirements.txt, the working tree
 
 KIT=${KIT_DIR:-.gpu-kit}
 KIT_MAX_MB=${KIT_MAX_MB:-56}

@@ -1,5 +1,6 @@
-"""The GPU check's projected time (``scripts/gpu_check.sh``): a row a phase and a multirun, in
-the order they run, each with its estimate on the GPU machine, summed against the budget.
+"""The GPU check's projected time (``python -m tools.gpu_check.plan PLAN --budget S``): a row a
+phase and a multirun, in the order they run, each with its estimate on the GPU machine, summed
+against the budget.
 
 ``gpu_check.sh`` walks its plan once without running anything (every phase and sweep it would
 start, with the sweep's overrides) and hands it here; the projection is printed before the
@@ -138,7 +139,7 @@ def verdict(estimates: list[Estimate], budget_s: float, reserve_s: float) -> tup
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m loaderbench.bench.gpu_plan")
+    parser = argparse.ArgumentParser(prog="python -m tools.gpu_check.plan")
     parser.add_argument("plan", type=Path)
     parser.add_argument("--budget", type=float, required=True)
     parser.add_argument("--reserve", type=float, default=0.0)

@@ -1,0 +1,66 @@
+"""JPEG decoding for every loader: one small interface, backends chosen per device by a registry.
+
+* ``base``: the interface a backend implements (``JpegBackend``) and what it can do
+  (``Capabilities``: devices, batch, region, scale);
+* ``nvimgcodec``, ``torchcodec``, ``torchvision``, ``pil``: the four backends, in that order of
+  preference (nvImageCodec is the only one that decodes just a box of the image);
+* ``choice``: the registry (``BACKENDS``), the choice per kind of device (``backend``,
+  ``region_decode``) and the calls that decode with it (``decode_cpu``, ``decode_batch``);
+* ``batch``: batched decoders, the GPU's one nvJPEG decoder and the stream ordering that keeps
+  its output whole (``CudaJpegDecoder``, ``hand_over``).
+
+EXIF orientation is never applied (``loaderbench.images`` says why). The measurements behind
+each choice (which backend, no scaled decode, val centre crops as regions) are in
+docs/decoding.md; ``python -m loaderbench.bench.backends PHOTOS`` measures them again.
+"""
+
+from __future__ import annotations
+
+from loaderbench.decode.base import CPU, Box, Capabilities, Decoded, JpegBackend, cut
+from loaderbench.decode.batch import (
+    BatchJpegDecoder,
+    CudaJpegDecoder,
+    batch_decoder,
+    hand_over,
+    require_cuda,
+)
+from loaderbench.decode.choice import (
+    BACKENDS,
+    backend,
+    choose,
+    chosen,
+    decode_batch,
+    decode_cpu,
+    region_decode,
+)
+from loaderbench.decode.nvimgcodec import NvImageCodecBackend, nvimgcodec_options
+from loaderbench.decode.pil import PilBackend, decode_pil
+from loaderbench.decode.torchcodec import TorchCodecBackend
+from loaderbench.decode.torchvision import TorchvisionBackend
+
+__all__ = [
+    "BACKENDS",
+    "CPU",
+    "BatchJpegDecoder",
+    "Box",
+    "Capabilities",
+    "CudaJpegDecoder",
+    "Decoded",
+    "JpegBackend",
+    "NvImageCodecBackend",
+    "PilBackend",
+    "TorchCodecBackend",
+    "TorchvisionBackend",
+    "backend",
+    "batch_decoder",
+    "choose",
+    "chosen",
+    "cut",
+    "decode_batch",
+    "decode_cpu",
+    "decode_pil",
+    "hand_over",
+    "nvimgcodec_options",
+    "region_decode",
+    "require_cuda",
+]

@@ -1,0 +1,152 @@
+"""Every run metric declared once: its key, what it means, how ranks combine it, where it shows.
+
+The meters compute a metric; everything after that reads its declaration here: the reduction
+over data-parallel ranks (``combine_over_ranks``), the sweep summary's columns and charts, the
+W&B summary rule of its per-epoch curve, and its format in tables. A new metric is a meter plus
+one ``Metric`` line below (docs/metrics.md says what each one means to a user).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+OverRanks = Literal["sum", "max", "mean", "derived", "same"]
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One metric of a run.
+
+    ``over_ranks``: ``sum`` (rates and counts add up), ``max`` (the slowest rank decides),
+    ``mean`` (a share or a time per rank), ``derived`` (computed again from the combined
+    metrics by ``derive``), ``same`` (every rank holds the same value: what ran, accuracy).
+    ``summary``: a column of the sweep summary. ``chart``: its label where the sweep summary and
+    W&B chart it. ``epoch_summary``: the W&B summary rule of its ``epoch/<key>`` curve.
+    ``digits``: significant digits in tables (None: as it is).
+    """
+
+    key: str
+    meaning: str
+    over_ranks: OverRanks = "same"
+    summary: bool = False
+    chart: str | None = None
+    epoch_summary: str | None = None
+    digits: int | None = 4
+    derive: Callable[[Mapping[str, Any]], Any] | None = None
+
+
+def _per_1k(metrics: Mapping[str, Any]) -> float | None:
+    images = metrics.get("images")
+    return 1000 * metrics["cpu_s"] / images if images else None
+
+
+METRICS: tuple[Metric, ...] = (
+    Metric("status", "ok, failed, or running (the run has not ended)", summary=True, digits=None),
+    Metric("loader", "the loader's name", summary=True, digits=None),
+    Metric("model", "the model's name (none: the loader alone)", summary=True, digits=None),
+    Metric("device", "the device the batches land on", summary=True, digits=None),
+    Metric("batch_size", "images a batch, per rank", summary=True, digits=None),
+    Metric("num_workers", "the worker count the run used", summary=True, digits=None),
+    Metric("autotune_s", "num_workers=auto: the probe's seconds", summary=True),
+    Metric("images", "images the main loop processed", "sum", summary=True, digits=None),
+    Metric(
+        "images_per_s",
+        "steady-state images/s of the main loop, past warm-up and the loader's head start",
+        "sum",
+        summary=True,
+        chart="images/s",
+        epoch_summary="mean,last",
+    ),
+    Metric(
+        "images_per_s_end_to_end",
+        "images/s from the loop's start, start-up and the head start included",
+        "sum",
+        summary=True,
+        epoch_summary="mean,last",
+    ),
+    Metric("steady_batches", "batches images_per_s counts (0: none; rank 0's)", summary=True),
+    Metric("ttfb_s", "seconds from the loop's start to the first batch", "max", summary=True),
+    Metric(
+        "data_wait_frac",
+        "share of the loop's wall time spent waiting for the next batch (mean over ranks)",
+        "mean",
+        summary=True,
+        chart="data wait (share of the loop)",
+    ),
+    Metric("loop_s", "the main loop's wall seconds (mean over ranks)", "mean"),
+    Metric("cpu_s", "CPU seconds of the process trees in the loop", "sum"),
+    Metric(
+        "cpu_s_per_1k_images",
+        "CPU seconds of the process tree (workers included) per 1000 images",
+        "derived",
+        summary=True,
+        chart="CPU s per 1000 images",
+        derive=_per_1k,
+    ),
+    Metric("peak_rss_mb", "peak resident memory of the process tree", summary=True),
+    Metric("skipped_files", "unreadable image files skipped", summary=True, digits=None),
+    Metric("decoded_by", "what decoded the images, per split", summary=True, digits=None),
+    Metric("top1", "validation top-1 accuracy (0 to 1)", summary=True),
+    Metric("top5", "validation top-5 accuracy (0 to 1)", summary=True),
+    Metric("loss", "mean training loss of the last epoch", summary=True),
+    Metric("epochs", "epochs run", summary=True, digits=None),
+    Metric("wall_s", "wall seconds of the whole run", summary=True),
+    Metric("error", "why the run failed", summary=True, digits=None),
+)
+BY_KEY: dict[str, Metric] = {metric.key: metric for metric in METRICS}
+
+
+def summary_keys() -> list[str]:
+    """The sweep summary's metric columns, in declaration order."""
+    return [metric.key for metric in METRICS if metric.summary]
+
+
+def charted() -> dict[str, str]:
+    """Metric key -> label, for the metrics the sweep summary and W&B chart."""
+    return {metric.key: metric.chart for metric in METRICS if metric.chart}
+
+
+def epoch_summaries() -> dict[str, str]:
+    """``epoch/<key>`` -> W&B summary rule, for the per-epoch curves that have one."""
+    return {f"epoch/{m.key}": m.epoch_summary for m in METRICS if m.epoch_summary}
+
+
+def combine_over_ranks(
+    metrics: Mapping[str, Any],
+    world_size: int,
+    all_reduce: Callable[[list[float], str], list[float]],
+) -> dict[str, Any]:
+    """``metrics`` of this rank combined with every other rank's, each key by its declaration
+    (keys not declared, and ``same`` ones, stay this rank's). ``all_reduce(values, op)`` is the
+    collective (``op``: sum or max), called once per op in the same order on every rank."""
+    out = dict(metrics)
+    if world_size <= 1:
+        return out
+    for op in ("sum", "max", "mean"):
+        keys = [m.key for m in METRICS if m.over_ranks == op and m.key in metrics]
+        if not keys:
+            continue
+        values = all_reduce(
+            [float(metrics.get(k) or 0.0) for k in keys], "sum" if op == "mean" else op
+        )
+        for key, value in zip(keys, values, strict=True):
+            out[key] = value / world_size if op == "mean" else value
+    for metric in METRICS:
+        if metric.over_ranks == "derived" and metric.key in metrics and metric.derive:
+            out[metric.key] = metric.derive(out)
+    if "images" in out:
+        out["images"] = int(out["images"])
+    return out
+
+
+def format_value(key: str, value: object) -> str:
+    """``value`` as a table cell: declared digits for floats, as-is otherwise."""
+    if value is None:
+        return ""
+    metric = BY_KEY.get(key)
+    digits = metric.digits if metric else 4
+    if isinstance(value, float) and digits is not None:
+        return f"{value:.{digits}g}" if abs(value) < 1000 else f"{value:.0f}"
+    return str(value).replace("|", "\\|").replace("\n", " ")

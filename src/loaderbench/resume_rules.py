@@ -1,0 +1,120 @@
+"""Resume's "same run?" rule, in one table: how each config key bears on continuing a run.
+
+A run continues from a checkpoint in two ways, and the table serves both:
+- *Requeued* (no flag): a SLURM job requeued after a preemption or its time limit runs again
+  in the same run directory and continues from its own ``checkpoint.pt`` only when the
+  checkpoint holds this very config: every key equal but those that say how it was asked to
+  resume (``MAY_DIFFER``). Any other difference: the checkpoint is another run's, left alone.
+- *Asked* (``checkpoint=PATH train.resume=true``): a user continues a run on purpose and may
+  change what does not break it (the learning rate, the loader, ``epochs``...), but not the
+  keys that fix the schedule's steps per epoch, each epoch's order and crops, and what the
+  saved batch offset means (``MUST_MATCH``): a change there is refused, naming the key.
+
+Both compare the config as composed (``Session.composed``: ``loader.num_workers=auto`` stays
+``auto``), as the checkpoint keeps it.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from loaderbench.checkpoint import CHECKPOINT_FILE
+from loaderbench.config import RunConfig
+
+log = logging.getLogger(__name__)
+
+MAY_DIFFER = "may differ"
+MUST_MATCH = "must match"
+
+# Dotted config key -> its rule. A key not named here must match for a requeued run to
+# continue and may change in an asked-for resume.
+RESUME_RULES: dict[str, str] = {
+    # How the run was asked to resume.
+    "checkpoint": MAY_DIFFER,
+    "train.resume": MAY_DIFFER,
+    # The schedule's steps per epoch, each epoch's order and crops, the saved batch offset.
+    "seed": MUST_MATCH,
+    "image_size": MUST_MATCH,
+    "loader.batch_size": MUST_MATCH,
+    "bench.max_batches": MUST_MATCH,
+}
+
+
+def keys_with(rule: str) -> tuple[str, ...]:
+    return tuple(key for key, each in RESUME_RULES.items() if each == rule)
+
+
+def select(config: dict[str, Any], key: str) -> Any:
+    """The value of dotted ``key`` in a nested dict; None where any part is missing."""
+    value: Any = config
+    for part in key.split("."):
+        if not isinstance(value, dict):
+            return None
+        value = value.get(part)
+    return value
+
+
+def _without_may_differ(config: dict[str, Any]) -> dict[str, Any]:
+    trimmed = copy.deepcopy(config)
+    for key in keys_with(MAY_DIFFER):
+        head, _, leaf = key.rpartition(".")
+        parent = select(trimmed, head) if head else trimmed
+        if isinstance(parent, dict):
+            parent.pop(leaf, None)
+    return trimmed
+
+
+def same_run(ours: dict[str, Any], saved: dict[str, Any]) -> bool:
+    """A requeued run's rule: ``saved`` (a checkpoint's config) is this run's config, every
+    key equal but those that ``MAY_DIFFER``."""
+    return _without_may_differ(ours) == _without_may_differ(saved)
+
+
+def changed_kept_keys(ours: dict[str, Any], saved: dict[str, Any]) -> list[tuple[str, Any, Any]]:
+    """An asked-for resume's rule: the ``MUST_MATCH`` keys whose value differs, as
+    ``(key, ours, saved)``; empty when the resume continues the same run."""
+    changed = []
+    for key in keys_with(MUST_MATCH):
+        if select(ours, key) != select(saved, key):
+            changed.append((key, select(ours, key), select(saved, key)))
+    return changed
+
+
+@dataclass(frozen=True)
+class Resumable:
+    """A checkpoint in the run directory that this run continues (no flag needed)."""
+
+    path: Path
+    requeues: int  # preemptions so far
+    wandb_run_id: str | None
+
+
+def find_resumable(
+    config: RunConfig, composed: dict[str, Any], run_dir: Path, task: str
+) -> Resumable | None:
+    """The run directory's checkpoint if it holds an unfinished run of this very config
+    (``same_run``): a SLURM job requeued after its time limit or a preemption
+    runs again in the same run directory, and continues where it stopped without any flag
+    from the user."""
+    path = run_dir / CHECKPOINT_FILE
+    if task != "train" or config.train.resume or not path.is_file():
+        return None
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception as error:
+        log.warning("%s cannot be read (%s): not resuming from it", path, error)
+        return None
+    if not same_run(composed, state.get("config", {})):
+        log.warning("%s holds a run of another config: not resuming from it", path)
+        return None
+    epoch, batches = int(state["epoch"]), int(state.get("batches", 0))
+    if epoch >= config.epochs and not batches:
+        return None  # a finished run
+    log.info("%s holds this run, stopped after %d epochs and %d batches", path, epoch, batches)
+    return Resumable(path, int(state.get("requeues", 0)), state.get("wandb_run_id"))

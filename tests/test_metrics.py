@@ -1,0 +1,91 @@
+"""A metric declared once (``loaderbench.metrics``) drives the rank reduction, the sweep summary,
+its charts and W&B's per-epoch summaries; a new metric needs its declaration and its meter."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+from pathlib import Path
+
+import pytest
+
+from loaderbench import distributed, metrics, sweeps
+from loaderbench.meters import LoopMeter, loop_metrics
+from tests.conftest import free_ports
+
+# What each of two ranks measured (rank 1 twice as fast, waiting less, started later).
+RANK_METRICS = [
+    {"loader": "memmap", "images": 64, "images_per_s": 100.0, "images_per_s_end_to_end": 80.0,
+     "steady_batches": 6, "ttfb_s": 0.5, "data_wait_frac": 0.4, "loop_s": 1.0, "cpu_s": 2.0,
+     "cpu_s_per_1k_images": 31.25, "wall_s": 9.0},
+    {"loader": "memmap", "images": 64, "images_per_s": 200.0, "images_per_s_end_to_end": 150.0,
+     "steady_batches": 7, "ttfb_s": 1.5, "data_wait_frac": 0.2, "loop_s": 3.0, "cpu_s": 6.0,
+     "cpu_s_per_1k_images": 93.75, "wall_s": 9.5},
+]  # fmt: skip
+
+
+def combine_on_rank(rank: int, port: int, out: str) -> None:
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2"
+    )
+    info = distributed.dist_info()
+    import torch
+
+    distributed.init(info, torch.device("cpu"), timeout_s=60)
+    try:
+        combined = distributed.reduce_loop_metrics(RANK_METRICS[rank], 2)
+        (Path(out) / f"rank{rank}.json").write_text(json.dumps(combined))
+    finally:
+        distributed.shutdown(failed=False)
+
+
+@pytest.mark.slow
+def test_two_ranks_combine_each_metric_as_declared(tmp_path: Path) -> None:
+    context = multiprocessing.get_context("spawn")
+    port = free_ports(1)
+    ranks = [context.Process(target=combine_on_rank, args=(r, port, str(tmp_path))) for r in (0, 1)]
+    for process in ranks:
+        process.start()
+    for process in ranks:
+        process.join(120)
+        assert process.exitcode == 0, process.exitcode
+    first, second = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
+    combined = [m.key for m in metrics.METRICS if m.over_ranks != "same" and m.key in first]
+    assert {k: first[k] for k in combined} == {k: second[k] for k in combined}
+    assert first["images"] == 128 and isinstance(first["images"], int)
+    assert first["images_per_s"] == 300.0 and first["images_per_s_end_to_end"] == 230.0
+    assert first["ttfb_s"] == 1.5  # the slowest rank's start
+    assert first["data_wait_frac"] == pytest.approx(0.3) and first["loop_s"] == 2.0
+    assert first["cpu_s"] == 8.0 and first["cpu_s_per_1k_images"] == 1000 * 8.0 / 128
+    # Not declared as combined: each rank's own (rank 0's goes to metrics.json).
+    assert (first["steady_batches"], second["steady_batches"]) == (6, 7)
+    assert (first["wall_s"], second["wall_s"]) == (9.0, 9.5)
+
+
+def test_every_loop_metric_is_declared_and_the_summary_follows_the_declarations() -> None:
+    meter = LoopMeter(warmup_batches=0)
+    produced = loop_metrics(meter, cpu_s=0.0)
+    assert set(produced) <= set(metrics.BY_KEY), set(produced) - set(metrics.BY_KEY)
+    columns = metrics.summary_keys()
+    assert {"images_per_s", "data_wait_frac", "cpu_s_per_1k_images", "top1"} <= set(columns)
+    assert set(metrics.charted()) <= set(columns)
+    assert metrics.epoch_summaries()["epoch/images_per_s"] == "mean,last"
+
+
+def test_a_new_metric_is_its_declaration(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A metric declared summed over ranks and shown in the summary: the reduction sums it and
+    a sweep's summary.csv has its column, with nothing else changed."""
+    new = metrics.Metric("frames_dropped", "frames a loader dropped", "sum", summary=True)
+    monkeypatch.setattr(metrics, "METRICS", (*metrics.METRICS, new))
+    reduced = metrics.combine_over_ranks(
+        {"frames_dropped": 3, "images": 4}, 2, lambda values, op: [2 * v for v in values]
+    )
+    assert reduced["frames_dropped"] == 6.0
+    job = tmp_path / "sweep" / "0"
+    (job / ".hydra").mkdir(parents=True)
+    (job / ".hydra" / "overrides.yaml").write_text("- loader=memmap\n")
+    (job / "metrics.json").write_text(json.dumps({"status": "ok", "frames_dropped": 5}))
+    columns, rows = sweeps.write_summary(tmp_path / "sweep")
+    assert "frames_dropped" in columns and rows[0]["frames_dropped"] == 5
+    assert "frames_dropped" in (tmp_path / "sweep" / "summary.csv").read_text().splitlines()[0]

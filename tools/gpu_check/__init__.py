@@ -1,0 +1,14 @@
+"""The prepared check for a GPU machine without network (``gpu_check.sh`` beside this file;
+``scripts/gpu_check.sh`` forwards to it), and the Python it runs there, from the repository
+root: ``python -m tools.gpu_check env|data|decode|report`` (``cli.py``) and
+``python -m tools.gpu_check.plan`` (the projected time).
+
+cli.py          the command line (__main__.py runs it)
+machine.py      the machine record (env.json)
+decode_bench.py batched JPEG decode through loaderbench.decode's backends (decode.json)
+report.py       report.md from the sweep folders (read by loaderbench.run_folders), the phases,
+                the tests, decode.json and env.json
+markdown.py     the report's table writer and cell format
+plan.py         the projected time of the plan gpu_check.sh walks without running it
+gpu_kit.sh      ``make gpu-kit``: the wheels the GPU machine lacks, in .gpu-kit/
+"""

@@ -1,0 +1,316 @@
+"""The GPU check's report (``python -m tools.gpu_check report --runs DIR --plan PLAN ...``): the
+check's sweep folders as one markdown file, a row a job (images/s, data wait, CPU s per 1000
+images, time to first batch, peak memory), failed and missing jobs included, with the phases'
+times, the tests, the decode phase's figures and the machine.
+
+Only the standard library (and PyYAML where present) is needed to write it, so it is written
+even where the kit did not install: the job folders are read by ``loaderbench.run_folders``,
+which imports neither torch nor hydra.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from loaderbench.run_folders import read_jobs
+from tools.gpu_check.decode_bench import DECODE_BASELINE, DECODE_CASES
+from tools.gpu_check.machine import PACKAGES
+from tools.gpu_check.markdown import fmt, short, table
+
+# The figures a row shows, from each job's metrics.json, in this order. skipped_files: a decoder
+# that fails on every image (a library that loads but cannot decode here) shows up there.
+ROW_METRICS = (
+    "images_per_s",
+    "data_wait_frac",
+    "cpu_s_per_1k_images",
+    "ttfb_s",
+    "peak_rss_mb",
+    "skipped_files",
+)
+# The overrides that tell the jobs of one sweep apart.
+VARIANT_KEYS = ("loader.store", "loader.val_store", "loader.decoder")
+
+
+@dataclass
+class Sweep:
+    """One ``--multirun`` of the check: what it ran and how its process ended."""
+
+    name: str
+    title: str
+    expected_jobs: int
+    rc: str = "not run"
+    seconds: str = ""
+
+
+@dataclass
+class Row:
+    sweep: str
+    job: str
+    loader: str
+    workers: str
+    status: str
+    metrics: dict[str, Any] = field(default_factory=dict)
+    error: str = ""
+
+
+def _read_table(path: Path | None) -> list[list[str]]:
+    if path is None or not path.is_file():
+        return []
+    return [line.split("\t") for line in path.read_text().splitlines() if line.strip()]
+
+
+def _loader_label(values: dict[str, str], metrics: dict[str, Any]) -> str:
+    loader = values.get("loader") or metrics.get("loader") or "?"
+    variant = [values[k] for k in VARIANT_KEYS if values.get(k)]
+    return f"{loader} ({', '.join(variant)})" if variant else loader
+
+
+def _workers(values: dict[str, str], metrics: dict[str, Any]) -> str:
+    """The job's count; for ``loader.num_workers=auto``, the count its probe chose."""
+    given = values.get("loader.num_workers", str(metrics.get("num_workers", "")))
+    if given != "auto":
+        return given
+    chosen = metrics.get("num_workers")
+    return f"auto: {chosen}" if isinstance(chosen, int) else "auto"
+
+
+def collect(sweep_dir: Path, name: str) -> list[Row]:
+    """A row a job of the sweep: its metrics, or why there are none."""
+    rows = []
+    for job in read_jobs(sweep_dir):
+        metrics = dict(job.metrics)
+        status = str(metrics.get("status", "failed"))
+        if status == "running":  # the process ended before the job could say how
+            status = "killed"
+            metrics.setdefault("error", "the job never finished (killed, crashed or timed out)")
+        rows.append(
+            Row(
+                sweep=name,
+                job=job.name,
+                loader=_loader_label(job.overrides, metrics),
+                workers=_workers(job.overrides, metrics),
+                status=status,
+                metrics=metrics,
+                error=str(metrics.get("error") or ""),
+            )
+        )
+    return rows
+
+
+def _details(row: Row) -> str:
+    """What a row's number rests on: the JPEG decoder a memmap jpeg store used, and so on."""
+    if row.status == "interrupted" and not row.error:
+        return "stopped by the phase's time limit"
+    if row.status != "ok":
+        return fmt(short(row.error))
+    found = [
+        f"{key.removeprefix('loader_')}: {value}"
+        for key, value in sorted(row.metrics.items())
+        if key.endswith("_jpeg_backend") and value
+    ]
+    if probe := row.metrics.get("autotune_probe"):
+        rungs = ", ".join(
+            f"{rung['workers']}: {rung['images_per_s']:,.0f}/s wait {rung['data_wait_frac']:.0%}"
+            for rung in probe
+        )
+        found.append(f"probe {row.metrics.get('autotune_s', 0):.1f} s ({rungs})")
+    return fmt(", ".join(found))
+
+
+def rows_table(rows: list[Row]) -> list[str]:
+    header = ["loader", "workers", "status", *ROW_METRICS, "note"]
+    return table(
+        header,
+        [
+            [row.loader, row.workers, row.status]
+            + [fmt(row.metrics.get(k)) for k in ROW_METRICS]
+            + [_details(row)]
+            for row in rows
+        ],
+    )
+
+
+def _pytest_summary(path: Path | None) -> tuple[str, list[str]]:
+    """pytest's last summary line and its skip / failure lines."""
+    if path is None or not path.is_file():
+        return "no pytest log", []
+    lines = path.read_text(errors="replace").splitlines()
+    summary = next(
+        (line.strip("= ").strip() for line in reversed(lines) if line.startswith("=")),
+        lines[-1] if lines else "empty log",
+    )
+    notes = [line for line in lines if line.startswith(("SKIPPED", "FAILED", "ERROR"))]
+    return summary, notes
+
+
+def _env_lines(env: dict[str, Any]) -> list[str]:
+    packages = env.get("packages", {})
+    rows = [
+        [
+            "GPU",
+            f"{fmt(env.get('gpu', 'none'))} "
+            f"({env.get('gpu_count', 0)} device(s), {env.get('gpu_memory_gb', '-')} GB, "
+            f"capability {env.get('gpu_capability', '-')}, bf16 {env.get('bf16_supported', '-')})",
+        ],
+        ["Python", f"{env.get('python')} ({env.get('executable')})"],
+        ["platform", f"{env.get('platform')}, {env.get('cpus')} CPUs"],
+        [
+            "torch",
+            f"{env.get('torch', env.get('torch_error', '-'))}, CUDA build "
+            f"{env.get('torch_cuda_build')}, cuDNN {env.get('cudnn', '-')}",
+        ],
+    ]
+    rows += [
+        [name, str(packages.get(name) or "not installed")] for name in PACKAGES if name != "torch"
+    ]
+    for name, probe in env.get("probes", {}).items():
+        state = "loads" if probe.get("loaded") else "**does not load**"
+        rows.append([f"import {name}", f"{state}: {fmt(short(str(probe.get('detail'))))}"])
+    return table(["what", "value"], rows)
+
+
+def _decode_case_cells(case: dict[str, Any], base: dict[str, Any]) -> list[str]:
+    rate, ref = case.get("images_per_s"), base.get(case["kind"])
+    ratio = f"{rate / ref:.2f}x" if rate and ref else ""
+    note = case.get("error") or case.get("first_failure") or ""
+    if case.get("status") == "ok" and case["kind"] == "region":
+        note = "only the box decoded" if case.get("region_decoded") else "whole, then cut"
+    return [
+        case["library"],
+        case["kind"],
+        case.get("status", ""),
+        fmt(case.get("images")),
+        fmt(rate),
+        fmt(case.get("source_mpx_per_s")),
+        fmt(case.get("cpu_ms_per_image")),
+        ratio,
+        fmt(short(str(note))),
+    ]
+
+
+def decode_lines(result: dict[str, Any]) -> list[str]:
+    """The decode phase's report section; cases a crash cut short show as not run."""
+    lines = ["", "## Batched JPEG decode: nvImageCodec against TorchCodec", ""]
+    if result.get("skipped"):
+        return [*lines, f"skipped: {result['skipped']}"]
+    where = result.get("gpu") or f"the CPU, {result.get('threads')} threads (not GPU figures)"
+    megapixels = fmt(result.get("mean_megapixels"))
+    lines.append(
+        f"{result.get('images')} train JPEGs of the check's set ({megapixels}"
+        f" Mpx on average), batches of {result.get('batch')}, on {where}; train crop boxes "
+        f"from `seeded_crops` (keeping {fmt(result.get('mean_kept_fraction'))} of the pixels on"
+        " average). Each row: one warm-up batch, then the set's batches round and round for"
+        f" {fmt(result.get('seconds'))} s or more, each batch waited for. **region**: nvImageCodec"
+        " decodes only the box; the others decode the whole image and cut it. The loaders choose "
+        f"`{result.get('loaders_choose')}` here."
+    )
+    cases = result.get("cases", [])
+    base = {
+        c["kind"]: c.get("images_per_s")
+        for c in cases
+        if c["library"] == DECODE_BASELINE and c.get("status") == "ok"
+    }
+    done = {(case["library"], case["kind"]) for case in cases}
+    cases = cases + [
+        {"library": name, "kind": kind, "status": "not run", "error": "the phase ended before it"}
+        for name, kind in DECODE_CASES
+        if (name, kind) not in done
+    ]
+    header = ["library", "decode", "status", "images", "images/s", "source Mpx/s"]
+    header += ["CPU ms / image", f"vs {DECODE_BASELINE}", "note"]
+    lines += ["", *table(header, [_decode_case_cells(case, base) for case in cases])]
+    agree = result.get("agreement", [])
+    if agree:
+        lines += ["", "Pixels (first images of the set): "]
+        lines += [
+            f"- {a['what']}: "
+            + (a["error"] if "error" in a else f"max {a['max_abs']}, mean {fmt(a['mean_abs'])}")
+            for a in agree
+        ]
+    return lines
+
+
+def _benchmark_lines(runs: Path, sweeps: list[Sweep]) -> tuple[list[str], int, int]:
+    """A table a sweep; the jobs that ran ok and the rows in all, missing jobs included."""
+    ok = total = 0
+    lines = ["", "## Benchmark", ""]
+    lines.append(
+        "images/s: steady state after the warm-up batches; data_wait_frac: share of the loop "
+        "blocked on the loader; cpu_s_per_1k_images and peak_rss_mb: the whole process tree."
+    )
+    for sweep in sweeps:
+        rows = collect(runs / sweep.name, sweep.name)
+        missing = max(0, sweep.expected_jobs - len(rows))
+        total += len(rows) + missing
+        ok += sum(r.status == "ok" for r in rows)
+        lines += ["", f"### {sweep.title}", ""]
+        ran = f"{len(rows)} of {sweep.expected_jobs} jobs ran"
+        lines.append(
+            f"`{sweep.name}`: {ran}; the multirun took {sweep.seconds or '-'} s, exit {sweep.rc}."
+        )
+        if missing:
+            lines.append(
+                f"**{missing} job(s) never started** (the multirun's process ended early, "
+                "or the check ran out of time): see check.log."
+            )
+        lines.append("")
+        lines += rows_table(rows) if rows else ["(no jobs)"]
+    return lines, ok, total
+
+
+def _machine_lines(env: dict[str, Any]) -> list[str]:
+    lines = ["", "## Machine", ""]
+    lines += _env_lines(env) if env else ["(no machine record: the env phase did not run)"]
+    if env.get("nvidia_smi_query"):
+        lines += ["", "```", env["nvidia_smi_query"], "```"]
+    if env.get("nvidia_smi"):
+        lines += ["", "<details><summary>nvidia-smi</summary>", "", "```", env["nvidia_smi"]]
+        lines += ["```", "", "</details>"]
+    return lines
+
+
+def write_report(
+    out: Path,
+    runs: Path,
+    plan: Path | None,
+    phases: Path | None,
+    env_path: Path | None,
+    pytest_log: Path | None,
+    title: str,
+    notes: list[str],
+    decode_path: Path | None = None,
+) -> tuple[int, int]:
+    """The markdown report; returns (jobs that ran ok, rows in all, missing jobs included)."""
+    env: dict[str, Any] = {}
+    if env_path is not None and env_path.is_file():
+        env = json.loads(env_path.read_text())
+    phase_rows = _read_table(phases)
+    sweeps = [Sweep(name=r[0], title=r[1], expected_jobs=int(r[2])) for r in _read_table(plan)]
+    by_name = {s.name: s for s in sweeps}
+    for phase in phase_rows:
+        if phase[0] in by_name:
+            by_name[phase[0]].seconds, by_name[phase[0]].rc = phase[1], phase[3]
+
+    lines = [f"# {title}", ""]
+    lines += [f"- {note}" for note in notes]
+    lines += ["", "## Phases", ""]
+    phase_cells = [[*phase, "", "", "", ""][:4] for phase in phase_rows]
+    lines += table(["phase", "seconds", "budget s", "exit code"], phase_cells)
+
+    summary, test_notes = _pytest_summary(pytest_log)
+    lines += ["", "## Tests (`pytest -m cuda`)", "", f"`{summary}`", ""]
+    lines += [f"    {note}" for note in test_notes]
+
+    bench, ok, total = _benchmark_lines(runs, sweeps)
+    lines += bench
+    if decode_path is not None:
+        try:
+            lines += decode_lines(json.loads(decode_path.read_text()))
+        except (OSError, ValueError) as error:
+            lines += ["", "## Batched JPEG decode", "", f"no figures: {short(str(error))}"]
+    lines += _machine_lines(env)
+    out.write_text("\n".join(lines) + "\n")
+    return ok, total
