@@ -58,6 +58,9 @@ def test_two_ranks_combine_each_metric_as_declared(tmp_path: Path) -> None:
     assert first["ttfb_s"] == 1.5  # the slowest rank's start
     assert first["data_wait_frac"] == pytest.approx(0.3) and first["loop_s"] == 2.0
     assert first["cpu_s"] == 8.0 and first["cpu_s_per_1k_images"] == 1000 * 8.0 / 128
+    assert first["rank_images_per_s"] == [100.0, 200.0]
+    assert first["rank_data_wait_frac"] == [0.4, 0.2] and first["slowest_rank"] == 0
+    assert first["rank_cpu_s_per_1k_images"] == [31.25, 93.75]
     # Not declared as combined: each rank's own (rank 0's goes to metrics.json).
     assert (first["steady_batches"], second["steady_batches"]) == (6, 7)
     assert (first["wall_s"], second["wall_s"]) == (9.0, 9.5)
@@ -79,7 +82,7 @@ def test_a_new_metric_is_its_declaration(monkeypatch: pytest.MonkeyPatch, tmp_pa
     new = metrics.Metric("frames_dropped", "frames a loader dropped", "sum", summary=True)
     monkeypatch.setattr(metrics, "METRICS", (*metrics.METRICS, new))
     reduced = metrics.combine_over_ranks(
-        {"frames_dropped": 3, "images": 4}, 2, lambda values, op: [2 * v for v in values]
+        {"frames_dropped": 3, "images": 4}, 0, 2, lambda values, op: [2 * v for v in values]
     )
     assert reduced["frames_dropped"] == 6.0
     job = tmp_path / "sweep" / "0"

@@ -24,7 +24,9 @@ class Metric:
     metrics by ``derive``), ``same`` (every rank holds the same value: what ran, accuracy).
     ``summary``: a column of the sweep summary. ``chart``: its label where the sweep summary and
     W&B chart it. ``epoch_summary``: the W&B summary rule of its ``epoch/<key>`` curve.
-    ``digits``: significant digits in tables (None: as it is).
+    ``digits``: significant digits in tables (None: as it is). ``per_rank``: each rank's own
+    value is kept too, in the list ``rank_<key>`` (the slowest rank is the one that waited
+    longest for data: ``slowest_rank``).
     """
 
     key: str
@@ -35,6 +37,8 @@ class Metric:
     epoch_summary: str | None = None
     digits: int | None = 4
     derive: Callable[[Mapping[str, Any]], Any] | None = None
+    per_rank: bool = False  # also kept by rank, as ``rank_<key>`` (data-parallel runs)
+    report_decimals: int | None = None  # decimals in the benchmark report's tables
 
 
 def _per_1k(metrics: Mapping[str, Any]) -> float | None:
@@ -58,6 +62,8 @@ METRICS: tuple[Metric, ...] = (
         summary=True,
         chart="images/s",
         epoch_summary="mean,last",
+        per_rank=True,
+        report_decimals=1,
     ),
     Metric(
         "images_per_s_end_to_end",
@@ -67,13 +73,21 @@ METRICS: tuple[Metric, ...] = (
         epoch_summary="mean,last",
     ),
     Metric("steady_batches", "batches images_per_s counts (0: none; rank 0's)", summary=True),
-    Metric("ttfb_s", "seconds from the loop's start to the first batch", "max", summary=True),
+    Metric(
+        "ttfb_s",
+        "seconds from the loop's start to the first batch",
+        "max",
+        summary=True,
+        report_decimals=2,
+    ),
     Metric(
         "data_wait_frac",
         "share of the loop's wall time spent waiting for the next batch (mean over ranks)",
         "mean",
         summary=True,
         chart="data wait (share of the loop)",
+        per_rank=True,
+        report_decimals=3,
     ),
     Metric("loop_s", "the main loop's wall seconds (mean over ranks)", "mean"),
     Metric("cpu_s", "CPU seconds of the process trees in the loop", "sum"),
@@ -84,7 +98,17 @@ METRICS: tuple[Metric, ...] = (
         summary=True,
         chart="CPU s per 1000 images",
         derive=_per_1k,
+        per_rank=True,
+        report_decimals=2,
     ),
+    Metric(
+        "slowest_rank",
+        "data-parallel runs: the rank that waited longest for data (its loader is the slowest)",
+        summary=True,
+        digits=None,
+    ),
+    Metric("batches", "the auto-tuning probe: batches a count measured", "sum", digits=None),
+    Metric("seconds", "the auto-tuning probe: a count's whole rung, the slowest rank's", "max"),
     Metric("peak_rss_mb", "peak resident memory of the process tree", summary=True),
     Metric("skipped_files", "unreadable image files skipped", summary=True, digits=None),
     Metric("decoded_by", "what decoded the images, per split", summary=True, digits=None),
@@ -115,30 +139,59 @@ def epoch_summaries() -> dict[str, str]:
 
 def combine_over_ranks(
     metrics: Mapping[str, Any],
+    rank: int,
     world_size: int,
     all_reduce: Callable[[list[float], str], list[float]],
 ) -> dict[str, Any]:
     """``metrics`` of this rank combined with every other rank's, each key by its declaration
-    (keys not declared, and ``same`` ones, stay this rank's). ``all_reduce(values, op)`` is the
-    collective (``op``: sum or max), called once per op in the same order on every rank."""
+    (keys not declared, and ``same`` ones, stay this rank's), plus the ``per_rank`` lists and
+    ``slowest_rank``. ``all_reduce(values, op)`` is the collective (``op``: sum or max), called
+    the same number of times in the same order on every rank."""
     out = dict(metrics)
     if world_size <= 1:
         return out
+    declared = [m for m in METRICS if m.key in metrics]
+    for metric in declared:  # this rank's own, before the combined value replaces it
+        if metric.per_rank:
+            out[f"rank_{metric.key}"] = metrics[metric.key]
     for op in ("sum", "max", "mean"):
-        keys = [m.key for m in METRICS if m.over_ranks == op and m.key in metrics]
-        if not keys:
-            continue
-        values = all_reduce(
-            [float(metrics.get(k) or 0.0) for k in keys], "sum" if op == "mean" else op
-        )
-        for key, value in zip(keys, values, strict=True):
-            out[key] = value / world_size if op == "mean" else value
-    for metric in METRICS:
-        if metric.over_ranks == "derived" and metric.key in metrics and metric.derive:
+        keys = [m.key for m in declared if m.over_ranks == op]
+        if keys:
+            values = [float(metrics.get(key) or 0.0) for key in keys]
+            values = all_reduce(values, "sum" if op == "mean" else op)
+            for key, value in zip(keys, values, strict=True):
+                out[key] = value / world_size if op == "mean" else value
+    for metric in declared:
+        if metric.over_ranks == "derived" and metric.derive:
             out[metric.key] = metric.derive(out)
+    _by_rank(out, [m.key for m in declared if m.per_rank], rank, world_size, all_reduce)
     if "images" in out:
         out["images"] = int(out["images"])
     return out
+
+
+def _by_rank(
+    out: dict[str, Any],
+    keys: list[str],
+    rank: int,
+    world_size: int,
+    all_reduce: Callable[[list[float], str], list[float]],
+) -> None:
+    """Each ``rank_<key>`` as a list by rank: every rank puts its value in its own slot of
+    zeros, and one sum gathers them (a missing value travels as NaN)."""
+    if not keys:
+        return
+    slots = [0.0] * (len(keys) * world_size)
+    for i, key in enumerate(keys):
+        value = out[f"rank_{key}"]
+        slots[i * world_size + rank] = float("nan") if value is None else float(value)
+    gathered = all_reduce(slots, "sum")
+    for i, key in enumerate(keys):
+        row = gathered[i * world_size : (i + 1) * world_size]
+        out[f"rank_{key}"] = [None if v != v else v for v in row]
+    waits = out.get("rank_data_wait_frac")
+    if waits and all(w is not None for w in waits):
+        out["slowest_rank"] = max(range(world_size), key=lambda r: waits[r])
 
 
 def format_value(key: str, value: object) -> str:
@@ -150,3 +203,13 @@ def format_value(key: str, value: object) -> str:
     if isinstance(value, float) and digits is not None:
         return f"{value:.{digits}g}" if abs(value) < 1000 else f"{value:.0f}"
     return str(value).replace("|", "\\|").replace("\n", " ")
+
+
+def report_cell(key: str, value: object) -> str:
+    """``value`` as a cell of the benchmark report: its declared decimals, thousands apart."""
+    if value is None:
+        return "-"
+    decimals = BY_KEY[key].report_decimals
+    if isinstance(value, float) and decimals is not None:
+        return f"{value:,.{decimals}f}"
+    return str(value)

@@ -190,20 +190,27 @@ def window_row(meter: LoopMeter, skip: int, cpu_s: float, seconds: float, worker
 
 
 def over_ranks(row: ProbeRow) -> ProbeRow:
-    """A count's figures over every rank: images/s, images and CPU summed (the job's), data
-    wait and seconds the largest (the rank every other waits for)."""
-    cpu_s = (row.cpu_s_per_1k_images or 0.0) * row.images / 1000
-    rate, images, batches, cpu = distributed.all_reduce(
-        [row.images_per_s, row.images, row.batches, cpu_s]
-    )
-    wait, seconds = distributed.all_reduce([row.data_wait_frac, row.seconds], op="max")
+    """A count's figures over every rank, each combined as ``loaderbench.metrics`` declares
+    (images/s, images, batches and CPU summed: the job's); the data wait the choice reads is
+    the slowest rank's (the one every other waits for)."""
+    mine = {
+        "images_per_s": row.images_per_s,
+        "images": row.images,
+        "batches": row.batches,
+        "cpu_s": (row.cpu_s_per_1k_images or 0.0) * row.images / 1000,
+        "cpu_s_per_1k_images": row.cpu_s_per_1k_images,
+        "data_wait_frac": row.data_wait_frac,
+        "seconds": row.seconds,
+    }
+    job = distributed.reduce_loop_metrics(mine, distributed.world_size())
+    waits = job.get("rank_data_wait_frac") or [row.data_wait_frac]
     return ProbeRow(
         row.workers,
-        rate,
-        wait,
-        1000 * cpu / images if images else None,
-        int(images),
-        int(batches),
-        seconds,
+        job["images_per_s"],
+        max(waits),
+        job["cpu_s_per_1k_images"],
+        int(job["images"]),
+        int(job["batches"]),
+        job["seconds"],
         row.windows,
     )

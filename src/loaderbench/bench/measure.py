@@ -49,7 +49,8 @@ from loaderbench.bench.limits import (
 )
 from loaderbench.bench.peer_rows import Limits, held_to, peer_rows
 from loaderbench.bench.render import render
-from loaderbench.bench.schema import AutoRow, Machine, Options, Report, Row
+from loaderbench.bench.render_cores import add_gpu_options, checked_gpu_options
+from loaderbench.bench.schema import AutoRow, GpuModelRate, Machine, Options, Report, Row
 from loaderbench.bench.stores import measure_stores
 from loaderbench.loaders import loader_names, settings_class
 from loaderbench.synthetic import SyntheticSpec, ensure_synthetic
@@ -223,7 +224,9 @@ def loader_rows(task: str, runs: list[dict[str, str]], limits: Limits) -> list[R
     return out
 
 
-def parse_options(argv: list[str] | None = None) -> Options:
+def parse_options(argv: list[str] | None = None) -> tuple[Options, GpuModelRate | None]:
+    """The options, and the model rate of ``--gpu-metrics`` where given (checked before any
+    measuring)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=REPO / "bench")
     parser.add_argument("--quick", action="store_true", help="small data, for CI")
@@ -245,7 +248,9 @@ def parse_options(argv: list[str] | None = None) -> Options:
     parser.add_argument(
         "--baseline", default="torchvision", help="the loader the ratios are taken against"
     )
+    add_gpu_options(parser, defaults=True)  # "How many cores feed my GPUs?"
     args = parser.parse_args(argv)
+    model_rate = checked_gpu_options(parser, args)
     if args.baseline not in loader_names():
         parser.error(f"--baseline {args.baseline!r}: choose one of {list(loader_names())}")
     workers = (
@@ -253,7 +258,7 @@ def parse_options(argv: list[str] | None = None) -> Options:
         if args.workers
         else tuple(sorted({1, usable_cores()}))
     )
-    return Options(
+    opts = Options(
         out=args.out.absolute(),
         quick=args.quick,
         image_size=args.image_size,
@@ -265,7 +270,11 @@ def parse_options(argv: list[str] | None = None) -> Options:
         root=args.root.absolute() if args.root else None,
         own_data=args.root is not None,
         baseline=args.baseline,
+        gpu_rate=args.gpu_rate,
+        node_gpus=args.gpus,
+        node_cores=args.cores,
     )
+    return opts, model_rate
 
 
 def measure_limits(opts: Options, root: Path) -> tuple[DecodeLimit, float]:
@@ -363,9 +372,10 @@ def measure(opts: Options) -> Report:
 
 def main(argv: list[str] | None = None) -> int:
     """Measure, write report.json, draw report.md and report.png from it."""
-    opts = parse_options(argv)
+    opts, model_rate = parse_options(argv)
     opts.out.mkdir(parents=True, exist_ok=True)
     report = measure(opts)
+    report.gpu_model_rate = model_rate
     report.write(opts.out / "report.json")
     # Drawn from the file just written, as `make report` draws it: the file holds it all.
     render(Report.load(opts.out / "report.json"), opts.out)

@@ -13,6 +13,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from loaderbench.bench import render_cores
 from loaderbench.bench.schema import (
     CORES,
     DALI_NAMES,
@@ -26,6 +27,7 @@ from loaderbench.bench.schema import (
     Row,
     StoreRow,
 )
+from loaderbench.metrics import report_cell
 
 REPO = Path(__file__).resolve().parents[3]
 # The FFCV store a row is held against: stored pixels for the readers of stored pixels, the
@@ -249,10 +251,13 @@ def pipeline_line(row: Row, dali: Row | None = None, ffcv: Row | None = None) ->
     vs_dali = f"{_rate(row) / _rate(dali):.2f}x" if dali and row.images_per_s else "-"
     vs_ffcv = f"{_rate(row) / _rate(ffcv):.2f}x" if ffcv and row.images_per_s else "-"
     return (
-        f"| {row.pipeline} | {row.name} | {_fmt(row.workers)} | {_fmt(row.images_per_s)} | "
+        f"| {row.pipeline} | {row.name} | {_fmt(row.workers)} | "
+        f"{report_cell('images_per_s', row.images_per_s)} | "
         f"{_fmt(row.share and 100 * row.share)}{'%' if row.share else ''} | "
-        f"{row.limit_name or '-'} | {vs_dali} | {vs_ffcv} | {_fmt(row.cpu_s_per_1k_images, 2)} | "
-        f"{_fmt(row.data_wait_frac, 3)} | {_fmt(row.ttfb_s, 2)} | {row.note} |"
+        f"{row.limit_name or '-'} | {vs_dali} | {vs_ffcv} | "
+        f"{report_cell('cpu_s_per_1k_images', row.cpu_s_per_1k_images)} | "
+        f"{report_cell('data_wait_frac', row.data_wait_frac)} | "
+        f"{report_cell('ttfb_s', row.ttfb_s)} | {row.note} |"
     )
 
 
@@ -450,6 +455,7 @@ def markdown(report: Report) -> str:
         *pipeline_lines(report.rows),
         *ratio_lines(report),
         *auto_lines(report),
+        *render_cores.cores_lines(report),
         "",
         *store_lines(report.stores),
         *ffcv_store_lines(report.rows, report.stores, max(report.options.workers)),
@@ -466,13 +472,14 @@ def render(report: Report, out: Path) -> None:
     (out / "report.md").write_text(markdown(report))
     from loaderbench.bench.plot import plot_report  # matplotlib: imported only to draw
 
-    plot_report(out / "report.png", report.rows)
+    plot_report(out / "report.png", report.rows, render_cores.cores_answer(report))
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", type=Path, default=REPO / "bench" / "report.json")
     parser.add_argument("--out", type=Path, default=None, help="default: the json's folder")
+    render_cores.add_gpu_options(parser, defaults=False)  # not given: what report.json stored
     args = parser.parse_args(argv)
     if not args.json.is_file():
         parser.error(f"--json {args.json}: no such file (make bench measures and writes it)")
@@ -480,6 +487,7 @@ def main(argv: list[str] | None = None) -> int:
         report = Report.load(args.json)
     except ValueError as error:
         parser.error(str(error))
+    render_cores.apply_gpu_options(parser, args, report)  # for another GPU or node
     out = args.out or args.json.parent
     render(report, out)
     print(f"wrote {out / 'report.md'} and {out / 'report.png'} from {args.json}")

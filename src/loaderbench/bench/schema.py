@@ -36,6 +36,9 @@ TUTORIAL = "tutorial tensorclass"
 # ImageNet's images per split and the core counts the stores' build times are projected to.
 IMAGENET_IMAGES = {"train": 1_281_167, "val": 50_000}
 CORES = (16, 64)
+# The node "How many cores feed my GPUs?" answers for unless told another (``--gpus``,
+# ``--cores``): 8 GPUs and 112 cores (two 56-core CPUs, as in NVIDIA's DGX H100).
+NODE_GPUS, NODE_CORES = 8, 112
 
 
 def _pick(cls: Any, data: dict[str, Any], where: str) -> Any:
@@ -250,6 +253,13 @@ class Options:
     # The loader every other pipeline's images/s is set against, worker count by worker count
     # (the classic DataLoader pipeline most users start from).
     baseline: str = "torchvision"
+    # "How many cores feed my GPUs?": the per-GPU images/s the pipelines must feed (None: a GPU
+    # run's own model rate where the report holds one, else the documented default of
+    # ``loaderbench.bench.render_cores``) and the node they are fitted to. Keys absent from a
+    # report.json written before them read as these defaults.
+    gpu_rate: float | None = None
+    node_gpus: int = NODE_GPUS
+    node_cores: int = NODE_CORES
 
     @property
     def work(self) -> Path:
@@ -268,6 +278,22 @@ class Options:
         opts.workers = tuple(opts.workers)
         opts.root = None if data.get("root") in (None, "None") else Path(data["root"])
         return opts
+
+
+@dataclass(frozen=True)
+class GpuModelRate:
+    """A GPU run's own model rate: the images/s one GPU trains its model at, and where it was
+    read (a metrics.json of a ``device=cuda`` run, with its model)."""
+
+    images_per_s: float
+    source: str
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any] | None) -> GpuModelRate | None:
+        return None if data is None else _pick(cls, data, "gpu_model_rate")
 
 
 @dataclass
@@ -302,6 +328,7 @@ class Report:
     region_decode_limit: DecodeLimit | None = None
     auto: list[AutoRow] = field(default_factory=list)
     ffcv_version: str | None = None
+    gpu_model_rate: GpuModelRate | None = None  # None: no GPU run measured one
 
     @property
     def image_bytes(self) -> int:
@@ -325,6 +352,7 @@ class Report:
             "memory_copy_bytes_per_s": self.memory_copy_bytes_per_s,
             "ffcv_version": self.ffcv_version,
             "stores": [row.to_json() for row in self.stores],
+            "gpu_model_rate": self.gpu_model_rate and self.gpu_model_rate.to_json(),
         }
 
     @classmethod
@@ -350,6 +378,7 @@ class Report:
             region_decode_limit=DecodeLimit.from_json(data.get("region_decode_limit")),
             auto=[AutoRow.from_json(row) for row in data.get("auto", [])],
             ffcv_version=data.get("ffcv_version"),
+            gpu_model_rate=GpuModelRate.from_json(data.get("gpu_model_rate")),
         )
 
     def write(self, path: Path) -> None:
