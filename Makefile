@@ -5,8 +5,8 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 ARGS ?=
 
-.PHONY: help install train eval test test-fast test-audit data lint format bench report bench-scale clean \
-	clean-cache gpu-kit
+.PHONY: help install train eval test test-fast test-audit test-peers data lint format peers bench \
+	report bench-scale clean clean-cache gpu-kit
 
 help: ## this list
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z-]+:.*## / {printf "  make %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -80,15 +80,22 @@ clean: ## remove outputs, cache and bench/work
 BENCH_ARGS ?=
 DALI ?= nvidia-dali-cuda130==2.4.0
 FFCV ?= ffcv==1.0.2
-bench: install ## measure the benchmark and render bench/report.{json,md,png}
+peers: install ## NVIDIA DALI and FFCV, the benchmark's peers (best effort, not in install)
 	$(PY) -c "import nvidia.dali" 2>/dev/null || $(PY) -m pip install --quiet "$(DALI)" \
-		|| echo "make bench: could not install $(DALI); the report will have no DALI rows"
-	./scripts/ensure_ffcv.sh $(PY) "$(FFCV)" \
-		|| echo "make bench: could not install $(FFCV); the report will have no FFCV rows"
+		|| echo "make peers: could not install $(DALI); no DALI rows"
+	./scripts/ensure_ffcv.sh $(PY) "$(FFCV)" || echo "make peers: could not install $(FFCV); no FFCV rows"
+
+bench: peers ## measure the benchmark and render bench/report.{json,md,png}
 	$(PY) -m loaderbench.bench $(BENCH_ARGS)
 
+# make test skips the peers' rows where DALI and FFCV are not installed (a clean clone: a 200 MB
+# wheel, and OpenCV's headers from apt to build FFCV, on every CI run); this installs them and
+# runs the tests of the quick bench and of FFCV's stores with them.
+test-peers: peers ## the benchmark's tests with DALI and FFCV installed (their rows run)
+	$(PYTEST) tests/test_bench.py tests/test_bench_ffcv.py $(ARGS)
+
 report: install ## draw bench/report.md and report.png from bench/report.json, measuring nothing
-	$(PY) -m loaderbench.bench.render
+	$(PY) -m loaderbench.bench.render $(ARGS)
 
 # Start-up and memory on a generated 1000-class tree of 260,000 small JPEGs (generated once into
 # data/), projected to ImageNet: bench/scale.md, bench/scale.json. Not part of `make test`.

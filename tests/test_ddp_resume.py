@@ -142,9 +142,5 @@ def test_a_resume_that_would_change_the_run_is_refused_naming_the_key(
     proc = run_entry("train.py", *common, *resume, "loader.batch_size=3", cwd=other, check=False)
     assert proc.returncode != 0
     assert "loader.batch_size=3 but checkpoint" in proc.stderr, proc.stderr[-3000:]
-
-    two = tmp_path / "two_ranks"
-    two.mkdir()
-    proc = torchrun(*common, *resume, cwd=two, check=False, timeout=300)
-    assert proc.returncode != 0
-    assert "world size (WORLD_SIZE) 2 but checkpoint" in proc.stdout, proc.stdout[-3000:]
+    # Another number of ranks may continue it, keeping the global batch: see
+    # tests/test_elastic_resume.py (and its refusal where the count does not divide it).

@@ -12,8 +12,10 @@ import torch
 from loaderbench.locking import atomic_write
 
 # 2: every rank's random state, the GradScaler's, the run's shape. 3: each rank's position in
-# the epoch's order (``ranks[i]["position"]``) beside the steps taken (``batches``).
-FORMAT_VERSION = 3
+# the epoch's order (``ranks[i]["position"]``) beside the steps taken (``batches``). 4: the
+# global batch, the places an elastically resumed epoch's order was shared from
+# (``order_base``) and the ledger of images trained on (``ledger``); older ones still resume.
+FORMAT_VERSION = 4
 CHECKPOINT_FILE = "checkpoint.pt"  # train.py's, in its run directory
 
 

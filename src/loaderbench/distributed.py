@@ -119,6 +119,16 @@ def all_reduce(values: list[float], op: str = "sum") -> list[float]:
     return tensor.tolist()
 
 
+def all_reduce_tensor(tensor: torch.Tensor) -> torch.Tensor:
+    """The sum of a CPU ``tensor`` over ranks (a new tensor; itself in a single process):
+    for arrays too long for ``all_reduce``'s list of floats (a count per image)."""
+    if not dist.is_initialized():
+        return tensor
+    summed = tensor.to(_collective_device(), copy=True)
+    dist.all_reduce(summed, op=dist.ReduceOp.SUM)
+    return summed.cpu()
+
+
 def broadcast_values(values: list[float]) -> list[float]:
     """Rank 0's ``values`` on every rank (as given in a single process)."""
     if not dist.is_initialized():

@@ -3,14 +3,12 @@ checkpointing after every epoch. ``fit`` yields each epoch's numbers; the task r
 
 from __future__ import annotations
 
-import hashlib
 import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
 
-import numpy as np
 import torch
 from torch import nn
 
@@ -23,7 +21,7 @@ from loaderbench.checkpoint import (
     set_rng_state,
 )
 from loaderbench.config import BenchConfig, RunConfig
-from loaderbench.data import Split
+from loaderbench.elastic import continued_rank_state, pack_places, resume_path
 from loaderbench.engine import (
     EvalCounts,
     StepLog,
@@ -32,11 +30,13 @@ from loaderbench.engine import (
     evaluate,
     train_one_epoch,
 )
+from loaderbench.ledger import SampleLedger
 from loaderbench.loaders import Loader
 from loaderbench.meters import Average, CpuWindow, IntervalRates, LoopMeter
+from loaderbench.metrics import with_epoch_ranks
 from loaderbench.models import maybe_compile
 from loaderbench.optim import build_optimizer, build_scheduler, load_optimizer_state
-from loaderbench.resume_rules import changed_kept_keys
+from loaderbench.resume_rules import check_resumable, saved_ranks, train_set_signature
 from loaderbench.session import Session
 from loaderbench.stopping import Preempted, preemption_requested
 
@@ -52,6 +52,8 @@ class Training:
     eval_model: nn.Module
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
+    # The images each epoch trained on, over every rank (None: not kept, outside ``fit``).
+    ledger: SampleLedger | None = None
 
 
 def parallel_models(session: Session, model: nn.Module) -> tuple[nn.Module, nn.Module]:
@@ -87,18 +89,6 @@ def start_training(session: Session, model: nn.Module, steps_per_epoch: int) -> 
     return Training(model, step, eval_model, optimizer, scheduler)
 
 
-def resume_from(session: Session) -> Path | None:
-    """The checkpoint to continue from: checkpoint=PATH with train.resume=true, or, with no flag
-    at all, the run directory's own when it holds a run of the same config (a SLURM job
-    requeued after its time limit or a preemption runs again in the same run directory)."""
-    config = session.config
-    if config.train.resume:
-        if config.checkpoint is None:
-            raise ValueError("train.resume=true needs checkpoint=PATH (a train.py checkpoint.pt)")
-        return Path(config.checkpoint)
-    return session.resumable.path if session.resumable else None
-
-
 @dataclass
 class Start:
     """Where a run starts: after ``epoch`` epochs and ``batches`` steps of the next, whose
@@ -112,54 +102,23 @@ class Start:
     position: int = 0
 
 
-def train_set_signature(split: Split) -> dict[str, Any]:
-    """What the epoch order depends on besides the seed: the train set's size and its labels
-    in order (not its location, so a copy of the data set on node-local disk resumes)."""
-    labels = np.asarray(split.labels, dtype=np.int64)
-    return {"images": len(split), "labels_sha1": hashlib.sha1(labels.tobytes()).hexdigest()}
-
-
-def check_resumable(session: Session, state: dict[str, Any], path: Path) -> None:
-    """Refuse a resume that would not continue the same run, naming what changed (the config
-    keys that must match: ``resume_rules``)."""
-    if list(state["classes"]) != list(session.dataset.classes):
-        raise ValueError(f"checkpoint {path} was trained on other classes")
-    changed = changed_kept_keys(session.composed, state["config"])
-    if changed:
-        key, ours, theirs = changed[0]
-        raise ValueError(
-            f"{key}={ours} but checkpoint {path} was trained with {key}={theirs}; "
-            "a resumed run must keep it"
-        )
-    ranks = state.get("world_size", session.dist.world_size)
-    if ranks != session.dist.world_size:
-        raise ValueError(
-            f"world size (WORLD_SIZE) {session.dist.world_size} but checkpoint {path} was "
-            f"trained by {ranks} ranks: each rank's share of an epoch and the saved batch "
-            f"offset would change; resume with {ranks} processes (torchrun "
-            "--nproc_per_node/--nnodes, SLURM tasks)"
-        )
-    signature = train_set_signature(session.dataset.train)
-    saved = state.get("train_set", signature)
-    if saved != signature:
-        raise ValueError(
-            f"dataset: the train set ({signature['images']} images) is not the one checkpoint "
-            f"{path} was trained on ({saved['images']} images, or other labels in another "
-            "order): the epoch order would change; resume on the same dataset.root, "
-            "dataset.max_images and file list"
-        )
-
-
 def resume(session: Session, training: Training, path: Path) -> Start:
     """Load a checkpoint into the training state (this rank's random streams and running
     loss included); returns where to continue from."""
     state = load_checkpoint(path, map_location=session.device)
     check_resumable(session, state, path)
     load_training_state(training, state)
+    if training.ledger is not None:
+        training.ledger.restore(state.get("ledger"))
+    world = session.dist.world_size
     # Format 1 kept rank 0's random state alone.
-    ranks = state.get("ranks") or [{"rng": state["rng"]}] * session.dist.world_size
-    mine = ranks[session.dist.rank]
-    set_rng_state(mine["rng"])
+    ranks = state.get("ranks") or [{"rng": state["rng"]}] * saved_ranks(state, world)
+    if saved_ranks(state, world) == world:
+        mine = ranks[session.dist.rank]
+    else:  # another number of ranks shares out the rest of the epoch (``elastic``)
+        mine = continued_rank_state(ranks, session.dist.rank, world)
+    if "rng" in mine:
+        set_rng_state(mine["rng"])
     epoch_loss = Average()
     epoch_loss.total, epoch_loss.count = mine.get("epoch_loss", (0.0, 0))
     batches = int(state.get("batches", 0))
@@ -337,22 +296,37 @@ def save_training(
             "config": session.composed,
             "classes": list(session.dataset.classes),
             "world_size": session.dist.world_size,
+            "global_batch": session.config.loader.batch_size * session.dist.world_size,
+            "order_base": order_base(session, epoch, batches),
             "train_set": train_set_signature(session.dataset.train),
             "metrics": {
                 k: v for k, v in metrics.items() if isinstance(v, int | float | str) or v is None
             },
             "ranks": ranks,
+            "ledger": training.ledger.state() if training.ledger is not None else None,
         },
     )
+
+
+def order_base(session: Session, epoch: int, batches: int) -> torch.Tensor | None:
+    """A stop in an epoch that this run resumed on another number of ranks: the places of
+    its order gone through before (packed), from which the ranks' positions count."""
+    resumed = session.resumed_epoch
+    if not batches or resumed is None or resumed.epoch != epoch:
+        return None
+    return pack_places(resumed.done)
 
 
 def log_epoch(
     session: Session, epoch: int, result: dict[str, Any], rates: dict[str, Any], lr: float
 ) -> None:
     """The epoch's row: its loss, its own throughput and data wait (``rates``, over every
-    rank; None for an epoch a resumed run found already trained), its val accuracy."""
+    rank; None for an epoch a resumed run found already trained), its val accuracy; in a
+    data-parallel run also the slowest rank's data wait, and each rank's figures appended to
+    the run's ``epoch_rank_<key>`` lists."""
+    slowest = rates.get("slowest_rank")
     log.info(
-        "epoch %d/%d: loss %.4f, top1 %.4f, top5 %.4f, %.1f images/s, data wait %.1f%%",
+        "epoch %d/%d: loss %.4f, top1 %.4f, top5 %.4f, %.1f images/s, data wait %.1f%%%s",
         epoch,
         session.config.epochs,
         result["loss"],
@@ -360,7 +334,11 @@ def log_epoch(
         result["top5"],
         rates["images_per_s"] or 0.0,
         100 * (rates["data_wait_frac"] or 0.0),
+        ""
+        if slowest is None
+        else f" (slowest rank {slowest}: {100 * rates['slowest_rank_data_wait_frac']:.1f}%)",
     )
+    session.record(with_epoch_ranks(session.metrics, rates))
     session.logger.log(
         {
             "epoch": epoch,
@@ -369,6 +347,11 @@ def log_epoch(
             "epoch/images_per_s": rates["images_per_s"],
             "epoch/images_per_s_end_to_end": rates["images_per_s_end_to_end"],
             "epoch/data_wait_frac": rates["data_wait_frac"],
+            **{  # data-parallel runs: the rank the others wait for
+                f"epoch/{key}": rates[key]
+                for key in ("slowest_rank", "slowest_rank_data_wait_frac")
+                if key in rates
+            },
             "val/top1": result["top1"],
             "val/top5": result["top5"],
             "val/loss": result["val_loss"],
@@ -397,7 +380,8 @@ def fit(
     config = session.config
     steps = steps_per_epoch(config.bench, train_loader)
     training = start_training(session, model, steps)
-    path = resume_from(session)
+    ledger = training.ledger = SampleLedger(len(session.dataset.train))
+    path = resume_path(config, session.resumable)
     start = resume(session, training, path) if path else Start()
     if path:
         yield {"resumed_from": str(path.absolute())}
@@ -430,17 +414,21 @@ def fit(
                     epoch_loss=epoch_loss,
                     blank=blank,
                 )
+        # Every rank, whether or not it trained now (preempted at the epoch's last step).
+        ledger.tally(epoch, train_loader.trained_indices() if first < steps else torch.tensor([]))
         if stop.stopped_at is not None:
             stopped = first + stop.stopped_at
             preempt(session, training, epoch, stopped, epoch_loss, train_loader.position)
         agree_on_buffers(training.model)
         val = validate(session, training.eval_model, val_loader, f"val {epoch + 1}/{config.epochs}")
         (loss_sum,) = distributed.all_reduce([epoch_loss.mean])
+        ledger.close_epoch(epoch)
         result = {
             **session.loop_metrics(meter, window),
             "loss": loss_sum / session.dist.world_size,
             "epochs": epoch + 1,
             **val,
+            **ledger.metrics(),  # epoch_samples, epoch_repeats
         }
         rates = session.loop_metrics(meter, window, since=mark)
         lr = training.optimizer.param_groups[0]["lr"]

@@ -8,6 +8,7 @@ one ``Metric`` line below (docs/metrics.md says what each one means to a user).
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -89,6 +90,11 @@ METRICS: tuple[Metric, ...] = (
         per_rank=True,
         report_decimals=3,
     ),
+    Metric(
+        "slowest_rank_data_wait_frac",
+        "data-parallel runs: the data wait of the rank that waited longest (``slowest_rank``)",
+        summary=True,
+    ),
     Metric("loop_s", "the main loop's wall seconds (mean over ranks)", "mean"),
     Metric("cpu_s", "CPU seconds of the process trees in the loop", "sum"),
     Metric(
@@ -109,8 +115,22 @@ METRICS: tuple[Metric, ...] = (
     ),
     Metric("batches", "the auto-tuning probe: batches a count measured", "sum", digits=None),
     Metric("seconds", "the auto-tuning probe: a count's whole rung, the slowest rank's", "max"),
-    Metric("peak_rss_mb", "peak resident memory of the process tree", summary=True),
-    Metric("skipped_files", "unreadable image files skipped", summary=True, digits=None),
+    Metric(
+        "peak_rss_mb",
+        "peak resident memory of the process trees (so far, at an epoch's end)",
+        "sum",
+        summary=True,
+        per_rank=True,
+    ),
+    # Each rank's own only (``rank_cpus``): what its loader could use, beside its data wait.
+    Metric("cpus", "the CPUs a rank may use (runtime.cpus_allowed)", digits=None, per_rank=True),
+    Metric(
+        "skipped_files",
+        "unreadable image files skipped (``rank_skipped_files``: each rank's own)",
+        summary=True,
+        digits=None,
+        per_rank=True,
+    ),
     Metric("decoded_by", "what decoded the images, per split", summary=True, digits=None),
     Metric("top1", "validation top-1 accuracy (0 to 1)", summary=True),
     Metric("top5", "validation top-5 accuracy (0 to 1)", summary=True),
@@ -188,10 +208,76 @@ def _by_rank(
     gathered = all_reduce(slots, "sum")
     for i, key in enumerate(keys):
         row = gathered[i * world_size : (i + 1) * world_size]
-        out[f"rank_{key}"] = [None if v != v else v for v in row]
+        whole = isinstance(out[f"rank_{key}"], int)  # counts stay counts (CPUs, files)
+        out[f"rank_{key}"] = [None if v != v else int(v) if whole else v for v in row]
     waits = out.get("rank_data_wait_frac")
     if waits and all(w is not None for w in waits):
-        out["slowest_rank"] = max(range(world_size), key=lambda r: waits[r])
+        slowest = max(range(world_size), key=lambda r: waits[r])
+        out.update(slowest_rank=slowest, slowest_rank_data_wait_frac=waits[slowest])
+
+
+def per_rank_keys() -> list[str]:
+    """The metrics kept by rank (``rank_<key>``), in declaration order."""
+    return [metric.key for metric in METRICS if metric.per_rank]
+
+
+def with_epoch_ranks(run: Mapping[str, Any], epoch: Mapping[str, Any]) -> dict[str, Any]:
+    """The run's per-epoch rank lists with ``epoch``'s appended: ``epoch_rank_<key>`` (a list
+    by rank for each epoch) for every ``rank_<key>`` the epoch's combined metrics hold, and
+    ``epoch_slowest_rank``; nothing for a single process (whose metrics hold no rank lists)."""
+    out: dict[str, Any] = {}
+    for key in [f"rank_{key}" for key in per_rank_keys()] + ["slowest_rank"]:
+        if key in epoch:
+            out[f"epoch_{key}"] = [*run.get(f"epoch_{key}", []), epoch[key]]
+    return out
+
+
+def rank_rows(metrics: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """A row a rank (``rank`` and each metric kept by rank), from the ``rank_<key>`` lists
+    of a data-parallel run's metrics; none for a single process."""
+    lists = {key: metrics[f"rank_{key}"] for key in per_rank_keys() if f"rank_{key}" in metrics}
+    ranks = max((len(values) for values in lists.values()), default=0)
+    return [
+        {"rank": r, **{k: v[r] if r < len(v) else None for k, v in lists.items()}}
+        for r in range(ranks)
+    ]
+
+
+# A rank waits markedly more than the others where its data wait exceeds the others' median
+# both by this share of the loop and by this factor (a rank at 3% beside 1% is noise).
+MARKED_WAIT_MARGIN = 0.1
+MARKED_WAIT_FACTOR = 1.5
+
+
+def straggler_note(metrics: Mapping[str, Any]) -> str | None:
+    """A line naming the rank that waited markedly more for data than the others (None where
+    none did, or in a single process), and whether its CPUs (``rank_cpus``) or its unreadable
+    files (``rank_skipped_files``) differ from the others': the usual causes, told apart."""
+    waits = metrics.get("rank_data_wait_frac")
+    if not waits or len(waits) < 2 or any(w is None for w in waits):
+        return None
+    slowest = max(range(len(waits)), key=lambda r: waits[r])
+    typical = statistics.median(w for r, w in enumerate(waits) if r != slowest)
+    mine = waits[slowest]
+    if mine < typical + MARKED_WAIT_MARGIN or mine < MARKED_WAIT_FACTOR * typical:
+        return None
+    line = (
+        f"rank {slowest} waits markedly more for data than the others: {100 * mine:.1f}% of "
+        f"its loop against {100 * typical:.1f}% (the others' median)"
+    )
+    differ = []
+    for key, label in (("rank_cpus", "CPUs"), ("rank_skipped_files", "unreadable files")):
+        values = metrics.get(key)
+        if not values or len(values) != len(waits) or any(v is None for v in values):
+            continue
+        theirs = statistics.median(v for r, v in enumerate(values) if r != slowest)
+        same = values[slowest] == theirs
+        differ.append(not same)
+        verdict = "the same" if same else "differ"
+        line += f"; its {label} {values[slowest]:g} against {theirs:g}: {verdict}"
+    if differ and not any(differ):
+        line += " (look at its node: disk, network, other jobs)"
+    return line
 
 
 def format_value(key: str, value: object) -> str:

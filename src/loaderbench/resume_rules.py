@@ -12,20 +12,31 @@ A run continues from a checkpoint in two ways, and the table serves both:
 
 Both compare the config as composed (``Session.composed``: ``loader.num_workers=auto`` stays
 ``auto``), as the checkpoint keeps it.
+
+The number of ranks is not a config key and may differ either way: a run resumed on M ranks
+keeps the checkpoint's global batch (N x ``loader.batch_size``) and takes global / M per rank
+(``loaderbench.elastic``); ``loader.batch_size`` is compared as typed on the command line,
+which for a requeued job is the same command.
 """
 
 from __future__ import annotations
 
 import copy
+import hashlib
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 
 from loaderbench.checkpoint import CHECKPOINT_FILE
 from loaderbench.config import RunConfig
+from loaderbench.data import Split
+
+if TYPE_CHECKING:
+    from loaderbench.session import Session
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +52,7 @@ RESUME_RULES: dict[str, str] = {
     # The schedule's steps per epoch, each epoch's order and crops, the saved batch offset.
     "seed": MUST_MATCH,
     "image_size": MUST_MATCH,
-    "loader.batch_size": MUST_MATCH,
+    "loader.batch_size": MUST_MATCH,  # as asked; the per-rank batch follows the ranks
     "bench.max_batches": MUST_MATCH,
 }
 
@@ -118,3 +129,56 @@ def find_resumable(
         return None  # a finished run
     log.info("%s holds this run, stopped after %d epochs and %d batches", path, epoch, batches)
     return Resumable(path, int(state.get("requeues", 0)), state.get("wandb_run_id"))
+
+
+def saved_ranks(state: dict[str, Any], ranks: int) -> int:
+    """The ranks that trained the checkpoint (``ranks`` for one that does not say)."""
+    return int(state.get("world_size", ranks))
+
+
+def global_batch(state: dict[str, Any], ranks: int) -> int:
+    """The checkpoint's images per step over every rank (older ones kept the per-rank batch
+    and the world size)."""
+    if "global_batch" in state:
+        return int(state["global_batch"])
+    return int(state["config"]["loader"]["batch_size"]) * saved_ranks(state, ranks)
+
+
+def train_set_signature(split: Split) -> dict[str, Any]:
+    """What the epoch order depends on besides the seed: the train set's size and its labels
+    in order (not its location, so a copy of the data set on node-local disk resumes)."""
+    labels = np.asarray(split.labels, dtype=np.int64)
+    return {"images": len(split), "labels_sha1": hashlib.sha1(labels.tobytes()).hexdigest()}
+
+
+def check_resumable(session: Session, state: dict[str, Any], path: Path) -> None:
+    """Refuse a resume that would not continue the same run, naming what changed (the config
+    keys that must match: ``resume_rules``)."""
+    if list(state["classes"]) != list(session.dataset.classes):
+        raise ValueError(f"checkpoint {path} was trained on other classes")
+    changed = changed_kept_keys(session.composed, state["config"])
+    if changed:
+        key, ours, theirs = changed[0]
+        raise ValueError(
+            f"{key}={ours} but checkpoint {path} was trained with {key}={theirs}; "
+            "a resumed run must keep it"
+        )
+    # Another number of ranks may continue it (``elastic``): the global batch is what must
+    # be kept, and the session took it over before any loader was built.
+    ranks = session.dist.world_size
+    kept = session.config.loader.batch_size * ranks
+    if kept != global_batch(state, ranks):
+        raise ValueError(
+            f"global batch {kept} ({ranks} ranks x loader.batch_size="
+            f"{session.config.loader.batch_size}) but checkpoint {path} was trained with "
+            f"{global_batch(state, ranks)}; a resumed run must keep it"
+        )
+    signature = train_set_signature(session.dataset.train)
+    saved = state.get("train_set", signature)
+    if saved != signature:
+        raise ValueError(
+            f"dataset: the train set ({signature['images']} images) is not the one checkpoint "
+            f"{path} was trained on ({saved['images']} images, or other labels in another "
+            "order): the epoch order would change; resume on the same dataset.root, "
+            "dataset.max_images and file list"
+        )

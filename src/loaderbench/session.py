@@ -34,8 +34,10 @@ from loaderbench.config import BenchConfig, DatasetConfig, LoggerConfig, RunConf
 from loaderbench.data import DatasetIndex, discover, resolve_path
 from loaderbench.decoded_by import fallback_warning
 from loaderbench.distributed import DistInfo
+from loaderbench.elastic import fit_to_checkpoint
 from loaderbench.images import set_max_pixels
 from loaderbench.loaders import Loader, LoaderSettings, LoaderSpec, build_loader
+from loaderbench.loaders.base import ResumedEpoch
 from loaderbench.loaders.settings import AUTO
 from loaderbench.locking import atomic_write_text
 from loaderbench.meters import (
@@ -45,10 +47,12 @@ from loaderbench.meters import (
     ProcessTreeMonitor,
     loop_metrics,
 )
+from loaderbench.metrics import rank_rows, straggler_note
 from loaderbench.pagecache import evict, files_under
 from loaderbench.resume_rules import Resumable, find_resumable
 from loaderbench.runtime import (
     Precision,
+    cpus_allowed,
     resolve_device,
     resolve_precision,
     seed_everything,
@@ -98,6 +102,8 @@ class Session:
     prepared: dict[str, dict[str, Any]] = field(default_factory=dict)
     # Per split, the files (indices) its loaders skipped on this rank, each once.
     skipped: dict[str, set[int]] = field(default_factory=dict)
+    # A resume on another number of ranks: the interrupted epoch, as these ranks continue it.
+    resumed_epoch: ResumedEpoch | None = None
 
     def record(self, values: dict[str, Any] | None = None, **more: Any) -> None:
         """Add a step's numbers to the run's metrics (metrics.json and the W&B summary)."""
@@ -117,6 +123,7 @@ class Session:
             on_error=config.dataset.on_error,
             rank=self.dist.rank,
             world_size=self.dist.world_size,
+            resumed=self.resumed_epoch if train else None,
         )
 
     @contextmanager
@@ -165,11 +172,11 @@ class Session:
     ) -> dict[str, Any]:
         """A loop's numbers over every rank (images and throughput summed); ``since``: from
         that (``meter.batches``, ``window.cpu_s``) on, an epoch's (rates None where it had
-        no batch)."""
+        no batch). With each rank's own (``rank_<key>``) and its tree's peak memory so far."""
         batches, cpu_s = since
-        metrics = distributed.reduce_loop_metrics(
-            loop_metrics(meter, window.cpu_s - cpu_s, since=batches), self.dist.world_size
-        )
+        mine = loop_metrics(meter, window.cpu_s - cpu_s, since=batches)
+        mine["peak_rss_mb"] = self.monitor.peak_rss_bytes / 2**20
+        metrics = distributed.reduce_loop_metrics(mine, self.dist.world_size)
         if not metrics["images"]:
             metrics.update(images_per_s=None, images_per_s_end_to_end=None, data_wait_frac=None)
         return metrics
@@ -322,6 +329,8 @@ def open_session(cfg: DictConfig, task: str) -> Iterator[Session]:
             yield session
             raise_if_stop_requested()  # a signal whose KeyboardInterrupt Python swallowed
             metrics.update(_tree_totals(session, monitor), status="ok")
+            if info.is_main and (note := straggler_note(metrics)):
+                log.warning(note)
         except KeyboardInterrupt:
             metrics["status"] = "interrupted"
             raise
@@ -350,15 +359,23 @@ def _set_up(
     metrics: dict[str, Any],
 ) -> Session:
     config = validate_config(cfg)  # every key, before anything starts; cfg is not read again
-    settings = config.loader
     device, precision = start_process(config, info)
     metrics.update(world_size=info.world_size, device=str(device))
+    resumable = find_resumable(config, composed, run_dir, task)
+    # A resume keeps the checkpoint's global batch: on another number of ranks, another
+    # per-rank batch, written into config.loader before anything reads it.
+    resumed_epoch = (
+        fit_to_checkpoint(config, resumable, info.world_size) if task == "train" else None
+    )
+    settings = config.loader
+    metrics.update(
+        batch_size=settings.batch_size, global_batch=settings.batch_size * info.world_size
+    )
     if not settings.auto_workers:  # else set for each count the probe tries, then the chosen
         metrics.update(set_intra_op_threads(config.runtime.threads, settings.num_workers))
     dataset = find_dataset(config.dataset, settings, task, info.world_size)
     metrics.update(dataset_metrics(dataset))
     metrics["page_cache"] = prepare_page_cache(config.bench, dataset, settings)
-    resumable = find_resumable(config, composed, run_dir, task)
     if task == "train":
         metrics["requeues"] = resumable.requeues if resumable else 0
     run_id = resumable and resumable.wandb_run_id
@@ -377,6 +394,7 @@ def _set_up(
         composed,
         metrics,
         resumable=resumable,
+        resumed_epoch=resumed_epoch,
     )
 
 
@@ -398,11 +416,18 @@ def skipped_over_ranks(skipped: dict[str, set[int]]) -> dict[str, set[int]]:
 
 
 def _tree_totals(session: Session, monitor: ProcessTreeMonitor) -> dict[str, Any]:
-    """Peak memory summed over ranks; the skipped files counted over ranks, each once."""
+    """Peak memory summed over ranks; the skipped files counted over ranks, each once; and
+    each rank's own peak memory, CPUs and skipped files (``rank_peak_rss_mb``, ``rank_cpus``,
+    ``rank_skipped_files``: what tells a starving rank's cause apart)."""
     monitor.sample()
-    (peak,) = distributed.all_reduce([float(monitor.peak_rss_bytes)])
-    monitor.peak_rss_bytes = int(peak)
-    return skipped_counts(session.dataset, skipped_over_ranks(session.skipped))
+    mine = {
+        "peak_rss_mb": monitor.peak_rss_bytes / 2**20,
+        "cpus": cpus_allowed(),
+        "skipped_files": skipped_counts(session.dataset, session.skipped)["skipped_files"],
+    }
+    totals = distributed.reduce_loop_metrics(mine, session.dist.world_size)
+    monitor.peak_rss_bytes = int(totals["peak_rss_mb"] * 2**20)  # the sum, as the run's peak
+    return {**totals, **skipped_counts(session.dataset, skipped_over_ranks(session.skipped))}
 
 
 def pinned_host_peak_bytes() -> int:
@@ -453,5 +478,6 @@ def _finish(
 
 def _finish_logger(session: Session | None, metrics: dict[str, Any]) -> None:
     if session is not None:
+        session.logger.log_table("rank_table", rank_rows(metrics))  # data-parallel runs
         session.logger.summary({k: v for k, v in metrics.items() if v is not None})
         session.logger.finish(exit_code=0 if metrics["status"] == "ok" else 1)

@@ -192,7 +192,7 @@ def window_row(meter: LoopMeter, skip: int, cpu_s: float, seconds: float, worker
 def over_ranks(row: ProbeRow) -> ProbeRow:
     """A count's figures over every rank, each combined as ``loaderbench.metrics`` declares
     (images/s, images, batches and CPU summed: the job's); the data wait the choice reads is
-    the slowest rank's (the one every other waits for)."""
+    ``slowest_rank_data_wait_frac`` (the rank every other waits for), not the mean."""
     mine = {
         "images_per_s": row.images_per_s,
         "images": row.images,
@@ -203,11 +203,10 @@ def over_ranks(row: ProbeRow) -> ProbeRow:
         "seconds": row.seconds,
     }
     job = distributed.reduce_loop_metrics(mine, distributed.world_size())
-    waits = job.get("rank_data_wait_frac") or [row.data_wait_frac]
     return ProbeRow(
         row.workers,
         job["images_per_s"],
-        max(waits),
+        job.get("slowest_rank_data_wait_frac", row.data_wait_frac),
         job["cpu_s_per_1k_images"],
         int(job["images"]),
         int(job["batches"]),

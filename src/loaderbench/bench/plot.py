@@ -39,7 +39,7 @@ def plot_report(path: Path, rows: list[Row], cores: CoresAnswer | None = None) -
     for ax, task in zip(axes[0], PIPELINES, strict=True):
         rates_panel(ax, task, rows, colour)
     if cores is not None and with_cores:
-        for ax, task in zip(axes[1], ("train", "val"), strict=True):
+        for ax, task in zip(axes[1], PIPELINES, strict=True):  # under its rates panel
             cores_panel(ax, task, cores, colour)
     fig.tight_layout()
     # No timestamp in the file: the same report.json draws the same bytes.

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from loaderbench.bench.schema import NODE_CORES, NODE_GPUS, GpuModelRate, Report, Row
+from loaderbench.metrics import report_cell
 
 # NVIDIA DeepLearningExamples, ResNet50 v1.5 for PyTorch, "Training performance: NVIDIA DGX A100
 # (8x A100 80GB)" (pytorch-21.03 NGC container): mixed precision, 1 GPU 2,470 images/s; 8 GPUs
@@ -93,7 +94,7 @@ def gpu_rate(report: Report) -> GpuRate:
         model = report.gpu_model_rate
         return GpuRate(model.images_per_s, f"a GPU run's own model rate: {model.source}")
     if report.options.gpu_rate:
-        return GpuRate(report.options.gpu_rate, "`--gpu-rate`, as given (not measured here)")
+        return GpuRate(report.options.gpu_rate, "given with `--gpu-rate` (not measured here)")
     return GpuRate(DEFAULT_GPU_RATE, DEFAULT_RATE_SOURCE)
 
 
@@ -151,11 +152,11 @@ def method_lines(report: Report, rate: GpuRate, fitted: list[CoresRow]) -> list[
     if copy_bound:
         need = opts.node_gpus * rate.images_per_s * report.image_bytes
         lines[-1] += (
-            f" The readers bound by memory copy ({', '.join(copy_bound)}) may stop scaling "
-            f"with cores before their cores run out: {opts.node_gpus} GPUs at this rate draw "
-            f"{need / 1e9:,.2f} GB/s of {report.image_bytes:,}-byte images, against the "
-            f"{report.memory_copy_bytes_per_s / 1e9:,.2f} GB/s of one copy measured here, and "
-            "a node's memory bandwidth is shared by all its cores."
+            f" The readers bound by memory copy ({', '.join(copy_bound)}) may be held by the "
+            f"node's memory bandwidth rather than its cores: {opts.node_gpus} GPUs at this rate "
+            f"draw {need / 1e9:,.2f} GB/s of {report.image_bytes:,}-byte images, against "
+            f"{report.memory_copy_bytes_per_s / 1e9:,.2f} GB/s copied on this machine's "
+            f"{report.machine.cores} cores; a node's bandwidth is shared by all its cores."
         )
     return lines
 
@@ -170,7 +171,8 @@ def table_lines(fitted: list[CoresRow], gpus: int, cores: int) -> list[str]:
     ]
     for row in fitted:
         lines.append(
-            f"| {row.pipeline} | {row.name} | {row.workers} | {row.cpu_s_per_1k_images:,.2f} | "
+            f"| {row.pipeline} | {row.name} | {row.workers} | "
+            f"{report_cell('cpu_s_per_1k_images', row.cpu_s_per_1k_images)} | "
             f"{row.cores_per_gpu:,.2f} | {row.cores_needed:,.1f} | "
             f"{'yes' if row.fed else 'no'} | {f'{row.spare:,.1f}' if row.fed else '-'} | "
             f"{100 * row.share_fed:.0f}% | {row.gpus_fed:,} |"
@@ -192,8 +194,10 @@ def answer_lines(fitted: list[CoresRow], rate: GpuRate, gpus: int, cores: int) -
             f"{cores} cores"
         )
         if fed:
-            best = max(fed, key=lambda r: r.spare)
-            line += f"; the most to spare: {best.name} ({best.spare:,.1f} cores)"
+            most, fewest = max(fed, key=lambda r: r.spare), min(fed, key=lambda r: r.spare)
+            line += f"; the most to spare: {most.name} ({most.spare:,.1f} cores)"
+            if fewest is not most:
+                line += f", the fewest: {fewest.name} ({fewest.spare:,.1f})"
         starved = [
             f"{r.name} ({100 * r.share_fed:.0f}% of the GPU rate: "
             f"{r.share_fed * rate.images_per_s:,.0f} images/s a GPU)"

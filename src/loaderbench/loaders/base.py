@@ -30,6 +30,16 @@ class Batch(NamedTuple):
     labels: torch.Tensor  # int64, (N,), on the target device
 
 
+@dataclass(frozen=True, eq=False)
+class ResumedEpoch:
+    """The epoch a job resumed on another number of ranks continues: ``done`` marks the
+    places of the epoch's global order (``epoch_permutation``) that the job had gone through
+    before it stopped, on every rank. The rest is shared out among the ranks now."""
+
+    epoch: int
+    done: torch.Tensor  # bool, one per place of the order
+
+
 @dataclass(frozen=True)
 class LoaderSpec:
     """What a loader must deliver, independent of how: the run's part, and the loader's own
@@ -49,6 +59,8 @@ class LoaderSpec:
     # Data-parallel sharding: this process reads only its share of every epoch.
     rank: int = 0
     world_size: int = 1
+    # Training only: the epoch a job resumed on another number of ranks continues.
+    resumed: ResumedEpoch | None = None
 
     @property
     def batch_size(self) -> int:
@@ -78,8 +90,22 @@ class LoaderSpec:
         """This rank's image indices of ``epoch``, in the order every loader shares, from its
         batch ``start_batch`` on (a job resumed in the middle of an epoch)."""
         order = epoch_permutation(len(self.split), self.seed, epoch, shuffle=self.train)
-        mine = shard_indices(order, self.batch_size, self.drop_last, self.rank, self.world_size)
-        return mine[start_batch * self.batch_size :]
+        places = self.epoch_places(epoch, resumed=True)
+        return order[places][start_batch * self.batch_size :]
+
+    def epoch_places(self, epoch: int, resumed: bool = True) -> torch.Tensor:
+        """This rank's places in ``epoch``'s global order (strided, like DistributedSampler;
+        the same as ``shard_indices`` of it). Training keeps the ``len // global batch``
+        whole global batches of it: as many steps for any number of ranks with the same
+        global batch, and after ``k`` steps the ranks together have gone through its first
+        ``k`` global batches. A job resumed on another number of ranks (``resumed``, for
+        its epoch) shares out the places not yet gone through, in order."""
+        if not self.drop_last:
+            return torch.arange(len(self.split))[self.rank :: self.world_size]
+        applies = resumed and self.resumed is not None and self.resumed.epoch == epoch
+        done = self.resumed.done if applies and self.resumed is not None else None
+        global_batch = self.batch_size * self.world_size
+        return training_places(len(self.split), global_batch, self.rank, self.world_size, done)
 
     def epoch_batches(self, epoch: int, start_batch: int = 0) -> list[torch.Tensor]:
         """This rank's batches of image indices for ``epoch`` (from batch ``start_batch``)."""
@@ -96,8 +122,9 @@ class LoaderSpec:
         )
 
     def batches_per_epoch(self) -> int:
-        """Batches per epoch on this rank (the same for every epoch)."""
-        return -(-len(self.epoch_order(0)) // self.batch_size)
+        """Batches per epoch on this rank (the same for every epoch, a resumed one's too:
+        the schedule's steps)."""
+        return -(-len(self.epoch_places(0, resumed=False)) // self.batch_size)
 
 
 class Loader(abc.ABC):
@@ -168,6 +195,18 @@ class Loader(abc.ABC):
         # This run's path: a loader reading a cache built from a copy names the file here.
         log.warning("skipping unreadable image %s: %s", self.spec.split.paths[index], error)
 
+    def trained_indices(self) -> torch.Tensor:
+        """The images (indices of the split) of this rank's order that the iteration under
+        way has gone through (up to ``position``), less the files skipped as unreadable:
+        what the training steps had. Batches carry no indices; every loader serves the
+        spec's order batch by batch, and leaves out only the files it skipped."""
+        order = self.spec.epoch_order(self.epoch, self.start_batch)
+        taken = order[: (self.position - self.start_batch) * self.spec.batch_size]
+        if not self._skipped:
+            return taken
+        skipped = torch.tensor(sorted(self._skipped), dtype=taken.dtype)
+        return taken[~torch.isin(taken, skipped)]
+
     def skipped_indices(self) -> frozenset[int]:
         """The files of the split (indices) this loader was to deliver, in the epochs served so
         far, and skipped as unreadable: each once, however many epochs met it. The session
@@ -202,6 +241,18 @@ def epoch_permutation(n: int, seed: int, epoch: int, shuffle: bool) -> torch.Ten
         return torch.arange(n)
     generator = torch.Generator().manual_seed(seed * 100_003 + epoch)
     return torch.randperm(n, generator=generator)
+
+
+def training_places(
+    images: int, global_batch: int, rank: int, world_size: int, done: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Rank ``rank``'s places in a training epoch's global order of ``images``: its whole
+    global batches, strided over ``world_size`` ranks, less the places ``done`` marks (a job
+    resumed on another number of ranks)."""
+    places = torch.arange(images // global_batch * global_batch)
+    if done is not None:
+        places = places[~done[: len(places)]]
+    return places[rank::world_size]
 
 
 def shard_indices(

@@ -159,7 +159,7 @@ def remove_unused(cache_dir: Path, unused_s: float, now: float | None = None) ->
         locks = [in_use_file(cache_dir, entry.name)]
         if entry.path.name != entry.name:  # a build's folder: its builder must be gone
             locks.append(build_lock_file(cache_dir, entry.name))
-        held = [fd for lock in locks if (fd := try_exclusive(lock)) is not None]
+        held = [hold for lock in locks if (hold := try_exclusive(lock)) is not None]
         try:
             if len(held) < len(locks):  # a run holds it
                 continue
@@ -168,8 +168,8 @@ def remove_unused(cache_dir: Path, unused_s: float, now: float | None = None) ->
         except OSError as error:  # one that cannot go (permissions): say so, go on
             print(f"cannot remove {entry.path}: {error}", file=sys.stderr)
         finally:
-            for fd in held:
-                os.close(fd)
+            for hold in held:
+                hold.release()
     return removed
 
 

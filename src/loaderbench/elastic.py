@@ -1,0 +1,134 @@
+"""Resuming on another number of ranks: a checkpoint taken on N ranks continues on M.
+
+What is kept: the global batch G (N x ``loader.batch_size``: each rank now takes G / M, which
+M must divide), so the schedule's steps per epoch (``len // G``) and each step's images are
+the run's; each epoch's global order (``epoch_permutation``) and every random crop (a function
+of seed, epoch and image); the place in the interrupted epoch's order. After ``k`` steps the
+ranks together have gone through the first ``k`` global batches of the order (strided
+sharding), so the M ranks share out the rest of it (``ResumedEpoch``), each image once.
+
+What changes with M: the per-rank batch, and with it BatchNorm's batch statistics (each rank
+normalises over its own batch) and the per-rank random streams (dropout); the step's gradient
+is the same mean over the same G images, up to the order of the floating-point sums.
+
+This is read before any loader is built: the per-rank batch goes into the run's typed config
+(``config.loader.batch_size``) and the resumed epoch into every training ``LoaderSpec``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from loaderbench.config import RunConfig
+from loaderbench.loaders.base import ResumedEpoch, training_places
+from loaderbench.resume_rules import Resumable, global_batch, saved_ranks
+from loaderbench.validation import per_rank_batch
+
+log = logging.getLogger(__name__)
+
+
+def resume_path(config: RunConfig, resumable: Resumable | None) -> Path | None:
+    """The checkpoint to continue from: checkpoint=PATH with train.resume=true, or, with no flag
+    at all, the run directory's own when it holds a run of the same config (a SLURM job
+    requeued after its time limit or a preemption runs again in the same run directory)."""
+    if config.train.resume:
+        if config.checkpoint is None:
+            raise ValueError("train.resume=true needs checkpoint=PATH (a train.py checkpoint.pt)")
+        return Path(config.checkpoint)
+    return resumable.path if resumable else None
+
+
+def fit_to_checkpoint(
+    config: RunConfig, resumable: Resumable | None, ranks: int
+) -> ResumedEpoch | None:
+    """Before anything is built: a resumed training run takes the checkpoint's global batch
+    over its ``ranks`` (``config.loader.batch_size`` = G / ranks, logged where it changes;
+    a count that does not divide G is refused, naming both); returns the epoch its loaders
+    continue where the checkpoint stopped in the middle of one. A checkpoint that cannot be
+    read is left to the resume itself to report."""
+    path = resume_path(config, resumable)
+    if path is None or not path.is_file():
+        return None
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception:
+        return None
+    if not isinstance(state, dict) or "config" not in state:
+        return None
+    saved, images = saved_ranks(state, ranks), global_batch(state, ranks)
+    batch = per_rank_batch(images, saved, ranks)
+    if saved != ranks or batch != config.loader.batch_size:
+        log.info(
+            "resuming on %d ranks a checkpoint taken on %d: global batch %d kept, "
+            "loader.batch_size=%d per rank (%d on the checkpoint's ranks, %d asked)",
+            ranks,
+            saved,
+            images,
+            batch,
+            images // saved,
+            config.loader.batch_size,
+        )
+        config.loader = dataclasses.replace(config.loader, batch_size=batch)
+    return resumed_epoch(state, ranks)
+
+
+def unpack_places(packed: torch.Tensor | None, images: int) -> torch.Tensor | None:
+    if packed is None:
+        return None
+    return torch.from_numpy(np.unpackbits(packed.cpu().numpy(), count=images).astype(bool))
+
+
+def pack_places(done: torch.Tensor) -> torch.Tensor:
+    return torch.from_numpy(np.packbits(done.numpy()))
+
+
+def resumed_epoch(state: dict[str, Any], ranks: int) -> ResumedEpoch | None:
+    """The interrupted epoch as ``ranks`` ranks continue it; None where the checkpoint is at
+    an epoch's end, or where the same number of ranks continue an epoch that was not itself
+    resumed on another number (each rank then continues from its own ``position``)."""
+    if not int(state.get("batches", 0)):
+        return None
+    epoch, saved = int(state["epoch"]), saved_ranks(state, ranks)
+    images = train_images(state)
+    # The places the interrupted epoch's order was shared from (a resume on another number
+    # of ranks before): each rank's position counts batches of that order.
+    base = unpack_places(state.get("order_base"), images)
+    if saved == ranks:
+        return None if base is None else ResumedEpoch(epoch, base)
+    done = torch.zeros(images, dtype=torch.bool) if base is None else base.clone()
+    per_rank, steps = global_batch(state, ranks) // saved, int(state["batches"])
+    rank_states = state.get("ranks") or [{}] * saved
+    for rank, mine in enumerate(rank_states):
+        places = training_places(images, per_rank * saved, rank, saved, base)
+        done[places[: int(mine.get("position", steps)) * per_rank]] = True
+    return ResumedEpoch(epoch, done)
+
+
+def train_images(state: dict[str, Any]) -> int:
+    signature = state.get("train_set")
+    if not signature:
+        raise ValueError(
+            "this checkpoint is older than resuming on another number of ranks (it does not "
+            "record its train set): resume it on the number of ranks that trained it"
+        )
+    return int(signature["images"])
+
+
+def continued_rank_state(saved: list[dict[str, Any]], rank: int, ranks: int) -> dict[str, Any]:
+    """What rank ``rank`` of ``ranks`` takes over from the ``saved`` ranks' states of another
+    count: the random streams of the saved rank of its number (a rank beyond them keeps its
+    own, seeded ``seed + rank``), the interrupted epoch's running loss over every saved rank
+    (a share of it each, so the mean over ranks is the epoch's), and position 0 of its new
+    share of the order (``ResumedEpoch``)."""
+    total = sum(float(state.get("epoch_loss", (0.0, 0))[0]) for state in saved)
+    count = sum(state.get("epoch_loss", (0.0, 0))[1] for state in saved)
+    state: dict[str, Any] = {"epoch_loss": (total / ranks, count / ranks), "position": 0}
+    if rank < len(saved) and "rng" in saved[rank]:
+        state["rng"] = saved[rank]["rng"]
+    return state
