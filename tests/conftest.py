@@ -41,12 +41,10 @@ READERS = loader_variants()
 
 
 def loader_folders(loader: str, folder: Path) -> dict[str, str]:
-    """The on-disk folders loader ``loader`` keeps (its settings' ``*_dir`` keys: memmap's
-    ``cache_dir``), each under ``folder``, so that a test's runs never share the repo's."""
-    from dataclasses import fields
-
-    keys = [f.name for f in fields(settings_class(loader)) if f.name.endswith("_dir")]
-    return {key: str(folder / key) for key in keys}
+    """The on-disk folders loader ``loader`` keeps (the keys its settings declare in
+    ``folder_keys``: memmap's ``cache_dir``), each under ``folder``, so that a test's runs never
+    share the repo's."""
+    return {key: str(folder / key) for key in settings_class(loader).folder_keys()}
 
 
 def loader_folder_overrides(loader: str, folder: Path) -> list[str]:

@@ -27,6 +27,7 @@ from loaderbench.autotune.policy import (
     worker_ladder,
 )
 from loaderbench.autotune.rung import pooled
+from loaderbench.loaders import loader_names
 from loaderbench.loaders.settings import AutotuneSettings
 from loaderbench.meters import ProcessTreeMonitor
 from loaderbench.runtime import PRECISIONS, cpus_allowed
@@ -251,7 +252,7 @@ def test_bad_autotune_keys_are_refused_naming_them(override: str, key: str) -> N
 
 
 def test_auto_is_accepted_by_every_loader() -> None:
-    for name in ("torchvision", "memmap", "spdl"):
+    for name in loader_names():
         settings = validate_config(
             compose_cfg("train", [f"loader={name}", "loader.num_workers=auto"])
         ).loader

@@ -13,8 +13,10 @@ own finer points (its tolerances, its cache, its queues) are tested in its own m
 
 from __future__ import annotations
 
+import ast
 import logging
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -30,9 +32,9 @@ import torch
 
 from loaderbench.data import Split
 from loaderbench.images import load_rgb
-from loaderbench.loaders import LoaderSpec, build_loader, settings_class
+from loaderbench.loaders import LoaderSpec, build_loader, loader_names, settings_class
 from loaderbench.synthetic import SyntheticSpec, ensure_synthetic
-from loaderbench.transforms import pil_val_transform
+from loaderbench.transforms import PilTrainTransform, pil_val_transform
 from tests.conftest import REPO, cpu_spec, folder_index, loader_folders, loader_variants
 
 SIZE, BATCH, BATCHES = 24, 4, 6  # 24 train images: 6 batches of 4 an epoch
@@ -164,8 +166,6 @@ def test_train_crops_are_the_seeded_reference_crops(
 ) -> None:
     """Epoch 1's crops and flips: each image's own from (seed, epoch, image), cut from the
     whole image and resized as torchvision's RandomResizedCrop does; epoch 2's are others."""
-    from loaderbench.loaders.torchvision.loader import SeededTrainTransform
-
     train = folder_index(contract_root).train
     bad = unreadable(train)
     spec = make_spec(variant, train, True, folders, seed=3)
@@ -173,7 +173,7 @@ def test_train_crops_are_the_seeded_reference_crops(
         read = Epoch(loader, 1)
     assert read.labels == expected_labels(spec, 1, bad)
     order = [i for i in spec.epoch_order(1).tolist() if i not in bad]
-    crop = SeededTrainTransform(spec)
+    crop = PilTrainTransform(spec.image_size, spec.seed, spec.rrc_scale, spec.rrc_ratio)
     reference = torch.stack([crop(load_rgb(train.paths[i]), i, 1) for i in order])
     own = assert_reference_pixels(read.images, reference, TRAIN_TOLERANCE)
     next_epoch = torch.stack([crop(load_rgb(train.paths[i]), i, 2) for i in order])
@@ -369,30 +369,41 @@ def test_the_yaml_composes_into_the_loaders_typed_settings(variant) -> None:
 THROWAWAY_SETTINGS = """
 from dataclasses import dataclass
 
-from loaderbench.loaders.settings import LoaderSettings
+from loaderbench.loaders import LoaderSettings
 
 
 @dataclass
 class Settings(LoaderSettings):
-    pass
+    # A folder it keeps files in between runs (a note of each epoch it served), declared in
+    # folder_keys whatever its key is called: evicted for a cold run, and in the tests pointed
+    # into the test's own folder.
+    scratch: str = "pilplain-scratch"
+
+    @classmethod
+    def folder_keys(cls):
+        return ("scratch",)
 """
 
 THROWAWAY_LOADER = '''
 """One image at a time, with PIL, in the caller's thread: the simplest loader there is."""
 
+from pathlib import Path
+
 import torch
 
 from loaderbench.images import load_rgb
-from loaderbench.loaders.base import Batch, Loader, register_loader
-from loaderbench.transforms import pil_val_transform
-from loaderbench.loaders.torchvision.loader import SeededTrainTransform
+from loaderbench.loaders import Batch, Loader, register_loader
+from loaderbench.transforms import PilTrainTransform, pil_val_transform
 
 
 @register_loader("pilplain")
 class PilLoader(Loader):
     def __iter__(self):
         spec = self.spec
-        crop, val = SeededTrainTransform(spec), pil_val_transform(spec.image_size)
+        crop = PilTrainTransform(spec.image_size, spec.seed, spec.rrc_scale, spec.rrc_ratio)
+        val = pil_val_transform(spec.image_size)
+        Path(spec.settings.scratch).mkdir(parents=True, exist_ok=True)
+        (Path(spec.settings.scratch) / f"served-{self.epoch}").touch()
         self.position = self.start_batch
         for indices in spec.epoch_batches(self.epoch, self.start_batch):
             images, labels = [], []
@@ -416,6 +427,20 @@ THROWAWAY_YAML = """defaults:
   - _self_
 name: pilplain
 """
+
+
+def test_the_fourth_loader_imports_no_other_loaders_modules() -> None:
+    """The example a newcomer copies takes what it shares with the loaders (the seeded train
+    crop, the val pipeline) from public places, never from another loader's package."""
+    reaches = [
+        node.module
+        for source in (THROWAWAY_SETTINGS, THROWAWAY_LOADER)
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.ImportFrom)
+        and (node.module or "").startswith("loaderbench.loaders.")
+        and node.module.split(".")[2] in loader_names()
+    ]
+    assert reaches == []
 
 
 @pytest.mark.slow
@@ -454,6 +479,11 @@ def test_a_fourth_loader_needs_only_its_package_and_yaml(tmp_path: Path) -> None
         timeout=600,
     )
     said = proc.stdout[-6000:] + proc.stderr[-3000:]
+    left_in_repo = REPO / "pilplain-scratch"
+    if left_in_repo.exists():
+        shutil.rmtree(left_in_repo)
+        pytest.fail(f"the loader's folder (loader.scratch) was not redirected: {left_in_repo}")
+    assert list((tmp_path / "tmp").glob("folders*/scratch/served-*")), said
     assert proc.returncode == 0, said
     # Every contract test ran on it (none skipped, none deselected by a name it lacks).
     contract = [name for name in globals() if name.startswith("test_") and "fourth" not in name]

@@ -20,9 +20,14 @@ from loaderbench.config import (
     AugmentConfig,
     BenchConfig,
     DatasetConfig,
+    DeviceConfig,
     LoggerConfig,
+    ModelConfig,
+    OptimConfig,
+    PrecisionConfig,
     RunConfig,
     RuntimeConfig,
+    SchedulerConfig,
     TrainLoopConfig,
 )
 from loaderbench.loaders import loader_names, settings_class
@@ -36,7 +41,7 @@ from loaderbench.resume_rules import (
 )
 from loaderbench.session import RUN_CONFIG_FILE, evict_page_cache, prepare_page_cache
 from loaderbench.validation import ConfigError, validate_config
-from tests.conftest import folder_index, run_entry, single_run
+from tests.conftest import folder_index, loader_folders, run_entry, single_run
 from tests.test_config import compose_cfg
 
 # ---------------------------------------------------------------------------------------------
@@ -71,13 +76,50 @@ BAD_VALUES = [
     ("dataset.on_error=ignore", "dataset.on_error"),
     ("loader.prefetch=0", "loader.prefetch"),
     ("loader.autotune.gain=-1", "loader.autotune.gain"),
+    # Each a run the old code started and failed late in, or never failed at all (an unknown
+    # optimizer under model=none, which builds none).
+    ("optim.name=adamx", "optim.name"),
+    ("optim.lr=0", "optim.lr"),
+    ("optim.momentum=-0.1", "optim.momentum"),
+    ("optim.weight_decay=-1", "optim.weight_decay"),
+    ("optim.betas=[0.9,1.5]", "optim.betas"),
+    ("scheduler.name=step", "scheduler.name"),
+    ("scheduler.warmup_epochs=-1", "scheduler.warmup_epochs"),
+    ("scheduler.min_lr_ratio=2", "scheduler.min_lr_ratio"),
+    ("device.type=tpu", "device.type"),
+    ("device.index=-1", "device.index"),
+    ("precision.name=fp8", "precision.name"),
+    ("model.drop_rate=1.5", "model.drop_rate"),
 ]
 
 
 @pytest.mark.parametrize(("override", "key"), BAD_VALUES)
 def test_a_bad_value_in_any_group_is_refused_naming_its_key(override: str, key: str) -> None:
     with pytest.raises(ConfigError, match=rf"(^|; ){re.escape(key)} must be"):
-        validate_config(compose_cfg("train", [override]))
+        validate_config(compose_cfg("train", [override, "model=none"]))
+
+
+def test_every_group_carries_range_checks() -> None:
+    """Every group's schema has its own ``checks`` (a new group without them fails here)."""
+    assert [group for group, schema in SCHEMAS.items() if not hasattr(schema, "checks")] == []
+
+
+@pytest.mark.parametrize(
+    ("override", "allowed"),
+    [
+        ("optim.name=adamx", "['adamw', 'sgd']"),
+        ("scheduler.name=step", "['constant', 'cosine']"),
+        ("device.type=tpu", "['auto', 'cpu', 'cuda']"),
+        ("precision.name=fp8", "['bf16', 'fp16', 'fp32']"),
+    ],
+)
+def test_a_name_out_of_its_registry_is_refused_naming_the_choices(
+    override: str, allowed: str
+) -> None:
+    key, value = override.split("=")
+    expected = f"{key} must be one of {allowed}, got '{value}'"
+    with pytest.raises(ConfigError, match=re.escape(expected)):
+        validate_config(compose_cfg("eval", [override, "model=none"]))
 
 
 @pytest.mark.parametrize(
@@ -90,6 +132,11 @@ def test_a_bad_value_in_any_group_is_refused_naming_its_key(override: str, key: 
         (LoggerConfig(log_every_n_steps=0), "logger.log_every_n_steps"),
         (RuntimeConfig(threads=0), "runtime.threads"),
         (DatasetConfig(name="folder", max_image_pixels=0), "dataset.max_image_pixels"),
+        (OptimConfig(lr=-1.0), "optim.lr"),
+        (SchedulerConfig(warmup_epochs=-1.0), "scheduler.warmup_epochs"),
+        (DeviceConfig(type="gpu"), "device.type"),
+        (PrecisionConfig(name="half"), "precision.name"),
+        (ModelConfig(name="resnet18", drop_rate=-0.1), "model.drop_rate"),
     ],
 )
 def test_each_dataclass_carries_its_own_range_checks(piece: object, key: str) -> None:
@@ -108,6 +155,12 @@ def test_a_loader_declares_its_folders() -> None:
     assert settings_class("torchvision")(name="torchvision").folders() == ()
     memmap = settings_class("memmap")(name="memmap", cache_dir="/scratch/caches")
     assert memmap.folders() == ("/scratch/caches",)
+    # One declaration, the keys: what folders() reads and the tests redirect, whatever their
+    # names (the contract's throw-away loader declares loader.scratch).
+    assert settings_class("memmap").folder_keys() == ("cache_dir",)
+    for name in loader_names():
+        keys = settings_class(name).folder_keys()
+        assert set(loader_folders(name, Path("/t"))) == set(keys), name
 
 
 def _evicted(caplog: pytest.LogCaptureFixture) -> int:
@@ -150,14 +203,14 @@ def test_the_chosen_worker_count_is_written_into_the_run_config(
 ) -> None:
     """A real train.py run with ``loader.num_workers=auto``: the run's one config object holds
     the count the probe chose (``run_config.json``, written from it), the one metrics.json
-    reports; Hydra's record keeps what was asked."""
+    reports, and the device ``device=auto`` resolved to; Hydra's record keeps what was asked."""
     run_entry(
         "train.py",
         "model=none",
         f"dataset.root={tiny_root}",
         "dataset.index_dir=null",
         "logger=none",
-        "device=cpu",
+        "device=auto",
         "image_size=32",
         "loader=torchvision",
         "loader.batch_size=4",
@@ -172,8 +225,9 @@ def test_the_chosen_worker_count_is_written_into_the_run_config(
     assert isinstance(metrics["num_workers"], int)
     assert ran["loader"]["num_workers"] == metrics["num_workers"]
     assert ran["loader"]["name"] == "torchvision" and ran["image_size"] == 32
+    assert ran["device"]["type"] == metrics["device"].split(":")[0]  # cpu here, cuda on a GPU
     asked = yaml.safe_load((run_dir / ".hydra" / "config.yaml").read_text())
-    assert asked["loader"]["num_workers"] == "auto"
+    assert asked["loader"]["num_workers"] == "auto" and asked["device"]["type"] == "auto"
 
 
 # ---------------------------------------------------------------------------------------------

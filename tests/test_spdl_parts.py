@@ -100,3 +100,16 @@ def test_no_loader_imports_another_loaders_modules() -> None:
                 if (loaders / other).is_dir() and other not in ("", path.parent.name):
                     reaches.append(f"{path.relative_to(loaders)} imports {name}")
     assert reaches == []
+
+
+def test_the_packages_public_names_are_its_own() -> None:
+    """``loaderbench.loaders.spdl``'s public face holds spdl's own names, each defined by one of
+    its modules, and nothing passed through from elsewhere (it used to re-export
+    ``loaderbench.threads.serial_torch_in_this_thread``, which every user imports from there)."""
+    import loaderbench.loaders.spdl as spdl
+    from loaderbench.loaders.spdl import geometry, records
+
+    own = {*records.__all__, *geometry.__all__, *decoders.__all__}
+    assert sorted(set(spdl.__all__) - own) == []
+    for name in spdl.__all__:
+        assert getattr(spdl, name) is not None

@@ -17,6 +17,8 @@ loader (``loaderbench/loaders/<name>/settings.py``) and are registered here as
 
 from __future__ import annotations
 
+import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,8 +27,16 @@ from omegaconf import MISSING, OmegaConf
 
 from loaderbench.loaders import LoaderSettings, loader_names, settings_class
 from loaderbench.loaders.settings import Check
+from loaderbench.optim import OPTIMIZERS, SCHEDULES
+from loaderbench.runtime import DEVICE_TYPES, PRECISIONS
 
 ON_ERROR = ("skip", "raise")
+
+
+def one_of(value: object, choices: Iterable[str], key: str) -> Check:
+    """``value`` among ``choices`` (the names a registry knows)."""
+    names = sorted(choices)
+    return value in names, f"{key} must be one of {names}", value
 
 
 def range_pair(values: list[float], key: str) -> Check:
@@ -105,16 +115,31 @@ class ModelConfig:
     # Extra keyword arguments for timm.create_model.
     kwargs: dict[str, Any] = field(default_factory=dict)
 
+    def checks(self) -> list[Check]:
+        drop = self.drop_rate
+        return [(0 <= drop < 1, "model.drop_rate must be >= 0 and < 1", drop)]
+
 
 @dataclass
 class DeviceConfig:
+    # After ``runtime.resolve_device`` the run writes the device it resolved to (``auto``: cpu
+    # or cuda, and the GPU's index) back here, so run_config.json says what ran.
     type: str = "auto"
     index: int = 0
+
+    def checks(self) -> list[Check]:
+        return [
+            one_of(self.type, DEVICE_TYPES, "device.type"),
+            (self.index >= 0, "device.index must be >= 0", self.index),
+        ]
 
 
 @dataclass
 class PrecisionConfig:
     name: str = "fp32"
+
+    def checks(self) -> list[Check]:
+        return [one_of(self.name, PRECISIONS, "precision.name")]
 
 
 @dataclass
@@ -146,12 +171,34 @@ class OptimConfig:
     weight_decay: float = 5e-5
     betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
 
+    def checks(self) -> list[Check]:
+        betas = list(self.betas)
+        return [
+            one_of(self.name, OPTIMIZERS, "optim.name"),
+            (math.isfinite(self.lr) and self.lr > 0, "optim.lr must be > 0", self.lr),
+            (self.momentum >= 0, "optim.momentum must be >= 0", self.momentum),
+            (self.weight_decay >= 0, "optim.weight_decay must be >= 0", self.weight_decay),
+            (
+                len(betas) == 2 and all(0 <= beta < 1 for beta in betas),
+                "optim.betas must be two numbers >= 0 and < 1",
+                betas,
+            ),
+        ]
+
 
 @dataclass
 class SchedulerConfig:
     name: str = "cosine"
     warmup_epochs: float = 1.0
     min_lr_ratio: float = 0.0
+
+    def checks(self) -> list[Check]:
+        warmup, floor = self.warmup_epochs, self.min_lr_ratio
+        return [
+            one_of(self.name, SCHEDULES, "scheduler.name"),
+            (warmup >= 0, "scheduler.warmup_epochs must be >= 0", warmup),
+            (0 <= floor <= 1, "scheduler.min_lr_ratio must be >= 0 and <= 1", floor),
+        ]
 
 
 @dataclass
@@ -259,6 +306,11 @@ class RunConfig:
             *self.bench.checks(),
             *self.dataset.checks(),
             *self.augment.checks(),
+            *self.model.checks(),
+            *self.device.checks(),
+            *self.precision.checks(),
+            *self.optim.checks(),
+            *self.scheduler.checks(),
         ]
 
 

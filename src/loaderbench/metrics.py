@@ -136,6 +136,17 @@ METRICS: tuple[Metric, ...] = (
     Metric("top5", "validation top-5 accuracy (0 to 1)", summary=True),
     Metric("loss", "mean training loss of the last epoch", summary=True),
     Metric("epochs", "epochs run", summary=True, digits=None),
+    Metric("global_batch", "images a step over every rank (kept on a resume on M ranks)"),
+    Metric(
+        "epoch_samples",
+        "train.py: distinct images trained on in each epoch, over every rank (a list by epoch)",
+        digits=None,
+    ),
+    Metric(
+        "epoch_repeats",
+        "train.py: images trained on more than once in each epoch (a list by epoch; 0)",
+        digits=None,
+    ),
     Metric("wall_s", "wall seconds of the whole run", summary=True),
     Metric("error", "why the run failed", summary=True, digits=None),
 )

@@ -202,6 +202,10 @@ def start_process(config: RunConfig, info: DistInfo) -> tuple[torch.device, Prec
     # model's initial weights are rank 0's anyway (DDP broadcasts them).
     seed_everything(config.seed + info.rank)
     device = resolve_device(config.device, info.local_rank if info.enabled else None)
+    # The typed config says what runs (run_config.json): ``auto`` resolved, and the GPU taken
+    # (torchrun's LOCAL_RANK over ``device.index``); the composed dict keeps what was asked.
+    config.device.type = device.type
+    config.device.index = device.index if device.index is not None else config.device.index
     distributed.init(info, device)
     if not info.is_main:  # one rank speaks for the job
         logging.getLogger("loaderbench").setLevel(logging.WARNING)

@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 if TYPE_CHECKING:
+    from PIL import Image
     from torchvision.transforms import v2
 
 RRC_SCALE = (0.08, 1.0)
@@ -45,6 +47,38 @@ def pil_val_transform(size: int) -> v2.Compose:
             v2.PILToTensor(),
         ]
     )
+
+
+@dataclass(frozen=True)
+class PilTrainTransform:
+    """The per-image train pipeline (PIL in, uint8 CHW out): RandomResizedCrop to ``size`` and
+    RandomHorizontalFlip, their parameters drawn by ``seeded_crops`` from (seed, epoch, image),
+    so a PIL-based loader gives every other loader's crops. Called as
+    ``transform(image, index, epoch)``; a loader builds it from its spec:
+    ``PilTrainTransform(spec.image_size, spec.seed, spec.rrc_scale, spec.rrc_ratio)``."""
+
+    size: int
+    seed: int
+    scale: tuple[float, float] = RRC_SCALE
+    ratio: tuple[float, float] = RRC_RATIO
+
+    def __post_init__(self) -> None:
+        # torchvision imported where the transform is made, not where this module is (its
+        # import is costly, see pil_val_transform): a loader's forked workers inherit it.
+        import torchvision.transforms.v2.functional  # noqa: F401
+
+    def __call__(self, image: Image.Image, index: int, epoch: int) -> torch.Tensor:
+        from torchvision.transforms.v2 import functional as TF
+
+        width, height = image.size
+        boxes, flips = seeded_crops(
+            [height], [width], self.seed, epoch, [index], self.scale, self.ratio
+        )
+        top, left, h, w = boxes[0].tolist()
+        image = TF.resized_crop(image, top, left, h, w, [self.size] * 2, antialias=True)
+        if flips[0]:
+            image = TF.horizontal_flip(image)
+        return TF.pil_to_tensor(image)
 
 
 def normalize_uint8(images: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) -> torch.Tensor:

@@ -107,12 +107,19 @@ class LoaderSettings:
     def auto_workers(self) -> bool:
         return self.num_workers == AUTO
 
-    def folders(self) -> tuple[str, ...]:
-        """The folders on disk this loader keeps files in between runs (memmap: its cache
-        folder), as configured (relative to the directory the command runs from): evicted
-        with the images for a cold run (``bench.drop_page_cache``), where a remembered
-        ``num_workers=auto`` choice is kept, what housekeeping looks after. None by default."""
+    @classmethod
+    def folder_keys(cls) -> tuple[str, ...]:
+        """The keys of this loader's settings (``loader.<key>``) that name a folder on disk it
+        keeps files in between runs (memmap: ``cache_dir``), whatever they are called: the one
+        declaration ``folders`` and the tests (which point each elsewhere) read. None by
+        default."""
         return ()
+
+    def folders(self) -> tuple[str, ...]:
+        """The folders of ``folder_keys``, as configured (relative to the directory the command
+        runs from): evicted with the images for a cold run (``bench.drop_page_cache``), where a
+        remembered ``num_workers=auto`` choice is kept, what housekeeping looks after."""
+        return tuple(getattr(self, key) for key in self.folder_keys())
 
     @classmethod
     def contract_variants(cls) -> list[dict[str, Any]]:

@@ -49,8 +49,9 @@ class Settings(LoaderSettings):
             return ("crop",) if train else ("copy",)
         return ("decode", "region") if train else ("decode",)
 
-    def folders(self) -> tuple[str, ...]:
-        return (self.cache_dir,)
+    @classmethod
+    def folder_keys(cls) -> tuple[str, ...]:
+        return ("cache_dir",)
 
     def checks(self) -> list[Check]:
         ratio, side = self.train_store_ratio, self.train_store_min_side

@@ -39,7 +39,6 @@ if TYPE_CHECKING:
         Sample,
         is_encoded,
     )
-    from loaderbench.threads import serial_torch_in_this_thread
 
 __all__ = [
     "DECODERS",
@@ -57,7 +56,6 @@ __all__ = [
     "build_decoder",
     "is_encoded",
     "open_file",
-    "serial_torch_in_this_thread",
     "split_region",
     "train_plans",
     "val_plan",
@@ -73,5 +71,4 @@ def __getattr__(name: str) -> Any:
         found = importlib.import_module(f"{__name__}.{module}")
         if name in found.__all__:
             return getattr(found, name)
-    # The pipeline threads' OpenMP setting: shared with memmap, so it lives outside spdl.
-    return getattr(importlib.import_module("loaderbench.threads"), name)
+    raise AssertionError(f"{__name__}.__all__ names {name!r}, which no module of it defines")

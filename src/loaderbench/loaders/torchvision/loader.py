@@ -5,9 +5,9 @@ references and the tensordict tutorial's "regular" loader do; batches are collat
 worker, pinned in the main process on CUDA and copied to the device without blocking.
 
 A train image's random-resized crop and flip come from its own generator, seeded by (seed,
-epoch, image) (``LoaderSpec.random_crops``, as in every loader): the sampler hands each worker
-(index, epoch), so augmentation does not depend on which worker draws an image, and no worker
-(nor the main process, with ``num_workers=0``) touches the global RNG.
+epoch, image) (``transforms.PilTrainTransform``, by ``seeded_crops`` as in every loader): the
+sampler hands each worker (index, epoch), so augmentation does not depend on which worker draws
+an image, and no worker (nor the main process, with ``num_workers=0``) touches the global RNG.
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ from typing import Any
 import torch
 from PIL import Image
 from torch.utils.data import DataLoader, Dataset, Sampler
-from torchvision.transforms.v2 import functional as TF
 
 from loaderbench.data import Split
 from loaderbench.decoded_by import add as add_counts
@@ -34,27 +33,10 @@ from loaderbench.loaders.base import (
     to_device,
 )
 from loaderbench.loaders.torchvision.settings import Settings
-from loaderbench.transforms import pil_val_transform
+from loaderbench.transforms import PilTrainTransform, pil_val_transform
 
 # (image, index, epoch) -> uint8 CHW
 ImageTransform = Callable[[Image.Image, int, int], torch.Tensor]
-
-
-class SeededTrainTransform:
-    """RandomResizedCrop + RandomHorizontalFlip, their parameters from (seed, epoch, image)."""
-
-    def __init__(self, spec: LoaderSpec) -> None:
-        self.spec = spec
-
-    def __call__(self, image: Image.Image, index: int, epoch: int) -> torch.Tensor:
-        width, height = image.size
-        boxes, flips = self.spec.random_crops([height], [width], epoch, [index])
-        top, left, h, w = boxes[0].tolist()
-        size = [self.spec.image_size] * 2
-        image = TF.resized_crop(image, top, left, h, w, size, antialias=True)
-        if flips[0]:
-            image = TF.horizontal_flip(image)
-        return TF.pil_to_tensor(image)
 
 
 class EveryEpoch:
@@ -154,7 +136,7 @@ class TorchvisionLoader(Loader):
         super().__init__(spec)
         settings: Settings = spec.settings  # type: ignore[assignment]
         transform = (
-            SeededTrainTransform(spec)
+            PilTrainTransform(spec.image_size, spec.seed, spec.rrc_scale, spec.rrc_ratio)
             if spec.train
             else EveryEpoch(pil_val_transform(spec.image_size))
         )
