@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from loaderbench.images import DEFAULT_MAX_PIXELS, set_max_pixels
 from loaderbench.loaders import loader_names, settings_class
 from loaderbench.synthetic import SyntheticSpec, ensure_synthetic
 from tests import fd_audit
@@ -134,6 +135,17 @@ def small_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A 4-class tree big enough to learn from: 160 train and 40 val images (read only)."""
     spec = SyntheticSpec(num_classes=4, train_per_class=40, val_per_class=10, seed=1)
     return ensure_synthetic(spec, shared_data_dir(tmp_path_factory))
+
+
+# The pixel limit of the messy tests (tests/test_messy.py, tests/test_messy_verdicts.py).
+MAX_PIXELS = 1_000_000  # huge.JPEG is 1200 x 1000; every other image is at most 120 x 90
+
+
+@pytest.fixture
+def pixel_limit():
+    set_max_pixels(MAX_PIXELS)
+    yield MAX_PIXELS
+    set_max_pixels(DEFAULT_MAX_PIXELS)
 
 
 def run_entry(

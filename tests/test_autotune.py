@@ -1,7 +1,7 @@
 """``loader.num_workers=auto``: the ladder, the climb and the choice, on given figures (a slow
 and a fast decode, with a slow model and without: decisions, not speeds, which are the
 benchmark's); the probe on a real loader; a run with ``auto`` trains what the chosen count
-trains; the remembered choice; two gloo ranks; bad values."""
+trains; the remembered choice; two gloo ranks. Bad values: tests/test_autotune_config.py."""
 
 from __future__ import annotations
 
@@ -27,13 +27,10 @@ from loaderbench.autotune.policy import (
     worker_ladder,
 )
 from loaderbench.autotune.rung import pooled
-from loaderbench.loaders import loader_names
 from loaderbench.loaders.settings import AutotuneSettings
 from loaderbench.meters import ProcessTreeMonitor
 from loaderbench.runtime import PRECISIONS, cpus_allowed
-from loaderbench.validation import ConfigError, validate_config
 from tests.conftest import cpu_spec, folder_index, read_metrics, run_dirs, run_entry, single_run
-from tests.test_config import compose_cfg
 
 FP32 = PRECISIONS["fp32"][0]
 # A short window: the sleeping decode and model make every rate regular.
@@ -225,38 +222,6 @@ def test_the_climb_starts_no_count_once_the_probe_is_out_of_time() -> None:
         rows = climb(worker_ladder(6), measure, options)
         assert measured == order and [r.windows for r in rows] == windows
         assert choose(rows, 0.05) == 2
-
-
-@pytest.mark.parametrize("value", ["-1", "many", "1.5", "true"])
-def test_a_bad_num_workers_is_refused_naming_the_key(value: str) -> None:
-    cfg = compose_cfg("train", [f"loader.num_workers={value}"])
-    with pytest.raises(ConfigError, match=r"loader\.num_workers must be an integer >= 0 or 'auto'"):
-        validate_config(cfg)
-
-
-@pytest.mark.parametrize(
-    ("override", "key"),
-    [
-        ("loader.autotune.tolerance=1.0", "loader.autotune.tolerance"),
-        ("loader.autotune.gain=-0.1", "loader.autotune.gain"),
-        ("loader.autotune.window_s=0", "loader.autotune.window_s"),
-        ("loader.autotune.min_batches=0", "loader.autotune.min_batches"),
-        ("loader.autotune.max_probe_s=0", "loader.autotune.max_probe_s"),
-        ("loader.autotune.confirm_within=1", "loader.autotune.confirm_within"),
-    ],
-)
-def test_bad_autotune_keys_are_refused_naming_them(override: str, key: str) -> None:
-    cfg = compose_cfg("train", ["loader=spdl", "loader.num_workers=auto", override])
-    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
-        validate_config(cfg)
-
-
-def test_auto_is_accepted_by_every_loader() -> None:
-    for name in loader_names():
-        settings = validate_config(
-            compose_cfg("train", [f"loader={name}", "loader.num_workers=auto"])
-        ).loader
-        assert settings.auto_workers and settings.autotune == AutotuneSettings()
 
 
 # ---------------------------------------------------------------------------------------------

@@ -219,6 +219,11 @@ def test_the_per_gpu_rate_comes_from_a_gpu_run_first_else_the_published_resnet50
         f"({metrics}: 4,000 images/s on 2 GPU(s), its data wait of 20.0% taken out)" in text
     )
     assert cores_table(text)[("train", "fits")][2] == "5.00"
+    # The ranks are metrics.json's world_size (a metrics.json without rank lists included).
+    metrics.write_text(
+        json.dumps({"device": "cuda", "model": "resnet50", "images_per_s": 8000.0, "world_size": 4})
+    )
+    assert render_cores.model_rate_from_metrics(metrics).images_per_s == 2000.0
     metrics.write_text(json.dumps({"device": "cpu", "model": "resnet50", "images_per_s": 50.0}))
     refused = f"--gpu-metrics {re.escape(str(metrics))}: device is 'cpu'"
     with pytest.raises(ValueError, match=refused):

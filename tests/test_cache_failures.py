@@ -180,8 +180,8 @@ def test_a_disk_that_fills_during_the_build_fails_at_once_and_leaves_nothing(
     assert "cannot reserve" in failed["error"] and "No space left on device" in failed["error"]
     assert str(Path("cache") / f".{name}.tmp-") in failed["error"]  # names the folder
     # No half-written cache: neither the final folder nor the build's temporary one.
-    assert failed["entries"] == [f".{name}.inuse", f".{name}.lock"]
-    entries = [f".{name}.inuse", f".{name}.lock", name]
+    assert failed["entries"] == [".lockkind", f".{name}.inuse", f".{name}.lock"]
+    entries = [".lockkind", f".{name}.inuse", f".{name}.lock", name]
     assert rebuilt == {"entries": entries, "built": True, "images": 12}
 
 

@@ -7,21 +7,23 @@ the lock code under test runs as it is. Real JPEGs, real memmap cache builds."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import torch
 
 from loaderbench.images import load_rgb
-from loaderbench.locking import FileLock, try_exclusive
+from loaderbench.locking import FileLock, lockfile, try_exclusive
 from loaderbench.locking.kinds import local_only
-from loaderbench.locking.lockfile import EXCLUSIVE_SUFFIX, Holder
+from loaderbench.locking.lockfile import EXCLUSIVE_SUFFIX, Holder, Judge
 from loaderbench.transforms import pil_val_transform
 from tests.conftest import REPO, folder_index
 
@@ -169,8 +171,9 @@ def test_an_in_use_hold_keeps_removal_out_until_its_last_holder_goes(
         stderr=subprocess.PIPE,
         text=True,
     )
-    # This process takes the kind the holder's file system detection arrived at.
-    monkeypatch.setenv("LOADERBENCH_LOCK", "fcntl" if "fcntl" in lock_named else "lockfile")
+    # This process, where flock works, takes the kind the holder's file system detection
+    # arrived at, as the folder's marker records it: no setting needed.
+    monkeypatch.delenv("LOADERBENCH_LOCK", raising=False)
     try:
         deadline = time.monotonic() + 60
         while not held.exists():
@@ -188,6 +191,8 @@ def test_an_in_use_hold_keeps_removal_out_until_its_last_holder_goes(
         _, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err[-3000:]
     assert lock_named in err
+    recorded = (tmp_path / ".lockkind").read_text().split()[0]
+    assert recorded == ("fcntl" if "fcntl" in lock_named else "lockfile")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -320,6 +325,65 @@ def test_a_record_elsewhere_long_without_heartbeat_is_taken_at_once(
     assert taken is not None
     taken.release()
     assert not record.exists() and "no heartbeat for" in caplog.text
+
+
+class NewcomerAtTheWorstMoment:
+    """``os`` as the lock file module sees it, but when the remover of a stale record first
+    touches it, the record is replaced by a newcomer's just before (or just after): what
+    another process's release and take can do between two of the remover's steps."""
+
+    def __init__(self, record: Path, newcomer: Holder, after: bool) -> None:
+        self.record, self.newcomer, self.after, self.arrived = record, newcomer, after, False
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(os, name)
+
+    def _arrive(self) -> None:
+        self.arrived = True
+        self.record.unlink(missing_ok=True)  # the holder judged stale releases ...
+        assert lockfile._create(self.record, self.newcomer)  # ... and a newcomer takes it
+
+    def _touch(self, call: Callable[..., object], path: str | Path, *args: object) -> object:
+        first = not self.arrived and os.fspath(path) == os.fspath(self.record)
+        if first and not self.after:
+            self._arrive()
+        result = call(path, *args)
+        if first and self.after:
+            self._arrive()
+        return result
+
+    def stat(self, path: str | Path, *args: object) -> object:
+        return self._touch(os.stat, path, *args)
+
+    def rename(self, path: str | Path, *args: object) -> object:
+        return self._touch(os.rename, path, *args)
+
+    def unlink(self, path: str | Path, *args: object) -> object:
+        return self._touch(os.unlink, path, *args)
+
+
+@pytest.mark.parametrize("after", [False, True], ids=["newcomer-before", "newcomer-after"])
+def test_removing_a_stale_record_never_removes_a_newcomers(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    after: bool,
+) -> None:
+    record = tmp_path / (".build.lock" + EXCLUSIVE_SUFFIX)
+    host, boot, pidns = lockfile._machine()
+    gone = Holder(host, boot, pidns, os.getpid(), 0.0, "d" * 32)  # this pid, another start
+    record.write_text(json.dumps(dataclasses.asdict(gone)))
+    judge = Judge()
+    state, seen, why = judge.look(record)
+    assert state == "stale" and seen is not None
+    newcomer = Holder.me("e" * 32)
+    monkeypatch.setattr(lockfile, "os", NewcomerAtTheWorstMoment(record, newcomer, after))
+    lockfile._remove_stale(record, seen, why, Holder.me("f" * 32), judge)
+    monkeypatch.undo()
+    held = Holder.parse(record.read_bytes())
+    assert held is not None and held.token == newcomer.token  # the newcomer's record stays
+    assert [p.name for p in tmp_path.iterdir()] == [record.name]  # no tomb, no breaker left
+    assert ("removed as stale" in caplog.text) == after  # the stale one went, when it was there
 
 
 THREADS = """

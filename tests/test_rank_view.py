@@ -77,6 +77,48 @@ def test_the_sweep_summary_has_the_slowest_ranks_wait_beside_the_mean(tmp_path: 
     assert "| data_wait_frac | slowest_rank_data_wait_frac |" in header
 
 
+@pytest.fixture
+def session_config(tiny_root: Path, tmp_path: Path):
+    """train.py's composed config (its run directory ``tmp_path``) as Hydra hands it to the
+    task, with Hydra's own config in place for ``open_session``; removed afterwards."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import OmegaConf, open_dict
+
+    import loaderbench.session  # noqa: F401  (registers the config schemas)
+
+    overrides = [f"dataset.root={tiny_root}", "logger=none", "device=cpu", "loader.batch_size=4"]
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        full = compose("train", overrides=overrides, return_hydra_config=True)
+    with open_dict(full):
+        full.hydra.runtime.output_dir = str(tmp_path)
+    HydraConfig.instance().set_config(full)
+    yield OmegaConf.masked_copy(full, [key for key in full if key != "hydra"])
+    HydraConfig.instance().cfg = None
+
+
+@pytest.mark.parametrize("end", ["ok", "preempted", "interrupted"])
+def test_the_straggler_line_is_written_once_however_the_run_ends(
+    end: str, session_config, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A run preempted or interrupted (the usual end on a cluster) names its straggler too,
+    from the per-rank figures of its epochs so far; once per run, as an ok run does."""
+    from loaderbench.session import open_session
+    from loaderbench.stopping import Preempted
+
+    stop = {"preempted": Preempted, "interrupted": KeyboardInterrupt}.get(end)
+    with caplog.at_level("WARNING"):
+        try:
+            with open_session(session_config, "train") as session:
+                session.record({"rank_data_wait_frac": [0.05, 0.6]})  # an epoch's, 2 ranks
+                if stop is not None:
+                    raise stop("stopped")
+        except (Preempted, KeyboardInterrupt):
+            assert stop is not None
+    assert json.loads((session.run_dir / "metrics.json").read_text())["status"] == end
+    assert caplog.text.count("rank 1 waits markedly more for data") == 1, caplog.text
+
+
 @pytest.mark.slow
 def test_a_rank_with_a_sleeping_decode_is_named_the_slowest(
     small_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from loaderbench.config import RunConfig
-from loaderbench.loaders.base import ResumedEpoch, training_places
+from loaderbench.loaders.base import ResumedEpoch, epoch_permutation, training_places
 from loaderbench.resume_rules import Resumable, global_batch, saved_ranks
 from loaderbench.validation import per_rank_batch
 
@@ -95,19 +95,41 @@ def resumed_epoch(state: dict[str, Any], ranks: int) -> ResumedEpoch | None:
     if not int(state.get("batches", 0)):
         return None
     epoch, saved = int(state["epoch"]), saved_ranks(state, ranks)
+    if saved == ranks and state.get("order_base") is None:
+        # Each rank continues from its own position: nothing here needs the train set's size,
+        # which a checkpoint older than elastic resume does not record.
+        return None
     images = train_images(state)
+    if saved == ranks:
+        base = unpack_places(state.get("order_base"), images)
+        return None if base is None else ResumedEpoch(epoch, base)
+    return ResumedEpoch(epoch, places_gone_through(state, ranks, images))
+
+
+def places_gone_through(state: dict[str, Any], ranks: int, images: int) -> torch.Tensor:
+    """The places of the interrupted epoch's global order (bool, one per place) that the
+    checkpoint's ranks had gone through, each up to its saved ``position``."""
     # The places the interrupted epoch's order was shared from (a resume on another number
     # of ranks before): each rank's position counts batches of that order.
     base = unpack_places(state.get("order_base"), images)
-    if saved == ranks:
-        return None if base is None else ResumedEpoch(epoch, base)
+    saved = saved_ranks(state, ranks)
     done = torch.zeros(images, dtype=torch.bool) if base is None else base.clone()
     per_rank, steps = global_batch(state, ranks) // saved, int(state["batches"])
     rank_states = state.get("ranks") or [{}] * saved
     for rank, mine in enumerate(rank_states):
         places = training_places(images, per_rank * saved, rank, saved, base)
         done[places[: int(mine.get("position", steps)) * per_rank]] = True
-    return ResumedEpoch(epoch, done)
+    return done
+
+
+def images_gone_through(state: dict[str, Any], ranks: int, images: int, seed: int) -> torch.Tensor:
+    """The images (indices of the train set) of a checkpoint stopped in the middle of an epoch
+    that its ranks had gone through: what a checkpoint older than the ledger (format 3 or
+    below) did not keep, rebuilt from the ranks' positions in the epoch's order. Files
+    skipped as unreadable before the stop are counted as gone through (no checkpoint kept
+    them)."""
+    order = epoch_permutation(images, seed, int(state["epoch"]), shuffle=True)
+    return order[places_gone_through(state, ranks, images)]
 
 
 def train_images(state: dict[str, Any]) -> int:

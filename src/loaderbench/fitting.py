@@ -21,7 +21,12 @@ from loaderbench.checkpoint import (
     set_rng_state,
 )
 from loaderbench.config import BenchConfig, RunConfig
-from loaderbench.elastic import continued_rank_state, pack_places, resume_path
+from loaderbench.elastic import (
+    continued_rank_state,
+    images_gone_through,
+    pack_places,
+    resume_path,
+)
 from loaderbench.engine import (
     EvalCounts,
     StepLog,
@@ -102,6 +107,19 @@ class Start:
     position: int = 0
 
 
+def restore_ledger(ledger: SampleLedger, session: Session, state: dict[str, Any]) -> None:
+    """The checkpoint's ledger; a checkpoint older than it (format 3 or below) stopped in the
+    middle of an epoch: the images its ranks had gone through, rebuilt from their positions."""
+    if state.get("ledger"):
+        ledger.restore(state["ledger"])
+        return
+    trained = None
+    if int(state.get("batches", 0)):
+        images, ranks = len(session.dataset.train), session.dist.world_size
+        trained = images_gone_through(state, ranks, images, session.config.seed)
+    ledger.restore_older(int(state["epoch"]), trained)
+
+
 def resume(session: Session, training: Training, path: Path) -> Start:
     """Load a checkpoint into the training state (this rank's random streams and running
     loss included); returns where to continue from."""
@@ -109,7 +127,7 @@ def resume(session: Session, training: Training, path: Path) -> Start:
     check_resumable(session, state, path)
     load_training_state(training, state)
     if training.ledger is not None:
-        training.ledger.restore(state.get("ledger"))
+        restore_ledger(training.ledger, session, state)
     world = session.dist.world_size
     # Format 1 kept rank 0's random state alone.
     ranks = state.get("ranks") or [{"rng": state["rng"]}] * saved_ranks(state, world)

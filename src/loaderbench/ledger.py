@@ -8,7 +8,8 @@ of an epoch keeps the epoch's images so far as a bitmap (``np.packbits``: 160 KB
 ImageNet's 1.28 M images) and those trained more than once, so the resumed run continues the
 count and catches an image trained again after the resume. metrics.json: ``epoch_samples``
 (distinct images trained on, per epoch) and ``epoch_repeats`` (images trained on more than
-once in an epoch), lists by epoch.
+once in an epoch), lists indexed by epoch: a run resumed from a checkpoint older than the
+ledger (format 3 or below) has None for the epochs trained before it (nobody counted them).
 """
 
 from __future__ import annotations
@@ -26,8 +27,9 @@ class SampleLedger:
 
     def __init__(self, images: int) -> None:
         self.images = images
-        self.epoch_samples: list[int] = []
-        self.epoch_repeats: list[int] = []
+        # Indexed by epoch; None: an epoch trained before a checkpoint older than the ledger.
+        self.epoch_samples: list[int | None] = []
+        self.epoch_repeats: list[int | None] = []
         self.epoch: int | None = None  # the epoch ``seen`` and ``repeated`` are of
         self.seen = torch.zeros(images, dtype=torch.bool)
         self.repeated = torch.zeros(images, dtype=torch.bool)
@@ -55,7 +57,7 @@ class SampleLedger:
         self.seen.zero_()
         self.repeated.zero_()
 
-    def metrics(self) -> dict[str, list[int]]:
+    def metrics(self) -> dict[str, list[int | None]]:
         return {
             "epoch_samples": list(self.epoch_samples),
             "epoch_repeats": list(self.epoch_repeats),
@@ -70,11 +72,8 @@ class SampleLedger:
             state["repeated"] = torch.nonzero(self.repeated).flatten().tolist()
         return state
 
-    def restore(self, state: dict[str, Any] | None) -> None:
-        """Undo ``state`` (a checkpoint without a ledger, older than it: nothing to restore,
-        and the lists start at the resumed epoch)."""
-        if not state:
-            return
+    def restore(self, state: dict[str, Any]) -> None:
+        """Continue from a checkpoint's ``state`` (``state()``)."""
         self.epoch_samples = list(state["epoch_samples"])
         self.epoch_repeats = list(state["epoch_repeats"])
         self.epoch = state.get("epoch")
@@ -84,3 +83,14 @@ class SampleLedger:
         self.seen = torch.from_numpy(bits.astype(bool))
         self.repeated.zero_()
         self.repeated[torch.tensor(state["repeated"], dtype=torch.int64)] = True
+
+    def restore_older(self, epochs: int, trained: torch.Tensor | None) -> None:
+        """Continue from a checkpoint older than the ledger (format 3 or below) taken after
+        ``epochs`` epochs: those get None (nobody counted them), so the lists stay indexed
+        by epoch; stopped in the middle of the next, its images ``trained`` before the stop
+        (``elastic.images_gone_through``) count as seen, or the epoch would read as short."""
+        self.epoch_samples = [None] * epochs
+        self.epoch_repeats = [None] * epochs
+        if trained is not None:
+            self._start(epochs)
+            self.seen[trained] = True

@@ -24,6 +24,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import logging
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -129,6 +130,21 @@ def find_resumable(
         return None  # a finished run
     log.info("%s holds this run, stopped after %d epochs and %d batches", path, epoch, batches)
     return Resumable(path, int(state.get("requeues", 0)), state.get("wandb_run_id"))
+
+
+def note_fresh_start(config: RunConfig, run_dir: Path, task: str, world_size: int) -> None:
+    """A train.py run of a launch that may mean to continue one (several ranks, or a SLURM
+    requeue) that finds no checkpoint in its run directory: say where it looked, for a plain
+    re-launch gets a new run directory (torchrun's run id, the time of day in its name)."""
+    requeued = int(os.environ.get("SLURM_RESTART_COUNT", "0")) > 0
+    if task != "train" or config.train.resume or (world_size == 1 and not requeued):
+        return
+    if not (run_dir / CHECKPOINT_FILE).is_file():
+        log.info(
+            "no checkpoint in %s: starting afresh (to continue a run, name its directory, "
+            "hydra.run.dir=..., or give checkpoint=PATH train.resume=true)",
+            run_dir,
+        )
 
 
 def saved_ranks(state: dict[str, Any], ranks: int) -> int:

@@ -49,7 +49,7 @@ from loaderbench.meters import (
 )
 from loaderbench.metrics import rank_rows, straggler_note
 from loaderbench.pagecache import evict, files_under
-from loaderbench.resume_rules import Resumable, find_resumable
+from loaderbench.resume_rules import Resumable, find_resumable, note_fresh_start
 from loaderbench.runtime import (
     Precision,
     cpus_allowed,
@@ -333,8 +333,6 @@ def open_session(cfg: DictConfig, task: str) -> Iterator[Session]:
             yield session
             raise_if_stop_requested()  # a signal whose KeyboardInterrupt Python swallowed
             metrics.update(_tree_totals(session, monitor), status="ok")
-            if info.is_main and (note := straggler_note(metrics)):
-                log.warning(note)
         except KeyboardInterrupt:
             metrics["status"] = "interrupted"
             raise
@@ -350,6 +348,11 @@ def open_session(cfg: DictConfig, task: str) -> Iterator[Session]:
                 peak_rss_mb=monitor.peak_rss_bytes / 2**20,
                 wall_s=time.perf_counter() - started,
             )
+            # A preempted or interrupted run too (the usual end on a cluster): its epochs'
+            # per-rank figures so far (no collective here: the ranks may not all be in it).
+            stopped = metrics.get("status") in ("ok", "preempted", "interrupted")
+            if info.is_main and stopped and (note := straggler_note(metrics)):
+                log.warning(note)
             _finish(session, info, run_dir, metrics)
 
 
@@ -366,6 +369,7 @@ def _set_up(
     device, precision = start_process(config, info)
     metrics.update(world_size=info.world_size, device=str(device))
     resumable = find_resumable(config, composed, run_dir, task)
+    note_fresh_start(config, run_dir, task, info.world_size)
     # A resume keeps the checkpoint's global batch: on another number of ranks, another
     # per-rank batch, written into config.loader before anything reads it.
     resumed_epoch = (

@@ -166,7 +166,7 @@ def table_lines(fitted: list[CoresRow], gpus: int, cores: int) -> list[str]:
     lines = [
         f"| pipeline | loader | workers | CPU s / 1k images | cores per GPU | cores for {gpus} "
         f"GPUs | every GPU fed on {cores} cores | cores to spare | share of the GPU rate fed "
-        f"| GPUs {cores} cores feed |",
+        f"| GPUs {cores} cores could feed at the full rate |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in fitted:
@@ -266,7 +266,8 @@ def model_rate_from_metrics(path: Path) -> GpuModelRate:
             f"--gpu-metrics {path}: images_per_s {images_per_s!r} and data_wait_frac "
             f"{wait!r} give no rate"
         )
-    ranks = len(data.get("rank_images_per_s") or [None])
+    # The job's ranks (one GPU each); a metrics.json older than ``world_size``: its rank lists.
+    ranks = int(data.get("world_size") or len(data.get("rank_images_per_s") or [None]))
     per_gpu = images_per_s / ranks / (1.0 - wait)
     return GpuModelRate(
         per_gpu,

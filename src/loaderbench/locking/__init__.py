@@ -4,7 +4,9 @@ The locks work where clusters keep data: ``flock`` where the file system support
 nodes, else a POSIX record lock (``posix``), else lock files created exclusively with a
 stale-holder rule (``lockfile``); ``kinds`` picks one per file system, logs which, and honours
 ``LOADERBENCH_LOCK=flock|fcntl|lockfile``. None of them is ever a lock that silently does not
-exclude: a kind that fails, or that the mount table shows to lock one host only, is passed over.
+exclude: a kind that fails, or that the mount table shows to lock one host only, is passed over
+while a folder's first lock is taken; the kind then taken is recorded in the folder
+(``.lockkind``) and every process uses it there or fails with ``LockKindError``.
 """
 
 from __future__ import annotations
@@ -19,12 +21,20 @@ from pathlib import Path
 from types import TracebackType
 
 from loaderbench.locking import kinds
-from loaderbench.locking.kinds import Held
+from loaderbench.locking.kinds import Held, LockKindError
 from loaderbench.locking.lockfile import acquire_lockfile
 from loaderbench.locking.posix import acquire_posix
 from loaderbench.stopping import critical_section
 
-__all__ = ["FileLock", "Held", "SharedHold", "atomic_write", "atomic_write_text", "try_exclusive"]
+__all__ = [
+    "FileLock",
+    "Held",
+    "LockKindError",
+    "SharedHold",
+    "atomic_write",
+    "atomic_write_text",
+    "try_exclusive",
+]
 
 
 class FlockHold:

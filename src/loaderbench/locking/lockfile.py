@@ -19,9 +19,11 @@ Nothing frees a record when its holder dies, hence the stale-holder rule:
   300 s absorb clocks that disagree). ``stale_s`` is ``LOADERBENCH_LOCK_STALE_S``, 120 s by
   default: raise it on NFS mounted with attribute caching longer than a minute (``actimeo``).
 
-A stale record is removed under ``<record>.break`` (created exclusively too), after checking it
-is still the very file judged stale, so two processes finding it stale never remove the record
-a third has just made; and one log line says whose record went and why.
+A stale record is removed under ``<record>.break`` (created exclusively too): it is renamed to a
+name of the remover's own first, then checked to be the very record judged stale (same file,
+same content), and put back when it is not, so neither a second remover nor a holder releasing
+meanwhile makes the remover delete the record a newcomer has just made; one log line says whose
+record went and why.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
 import psutil
 
@@ -136,6 +139,13 @@ def _create(record: Path, holder: Holder) -> bool:
     return True
 
 
+class Seen(NamedTuple):
+    """A record as it was judged: its stat and its content (the holder's unique token)."""
+
+    stat: os.stat_result
+    content: bytes
+
+
 def _same_file(a: os.stat_result, b: os.stat_result) -> bool:
     return (a.st_dev, a.st_ino, a.st_mtime_ns) == (b.st_dev, b.st_ino, b.st_mtime_ns)
 
@@ -148,17 +158,18 @@ class Judge:
         self.stale_s = stale_after_s()
         self._unchanged_since: dict[Path, tuple[tuple[int, int, int], float]] = {}
 
-    def look(self, record: Path) -> tuple[str, os.stat_result | None, str]:
-        """("gone" | "live" | "stale", the record's stat, why stale)."""
+    def look(self, record: Path) -> tuple[str, Seen | None, str]:
+        """("gone" | "live" | "stale", the record as seen, why stale)."""
         try:
             with open(record, "rb") as opened:  # opening revalidates NFS's cached attributes
-                seen = os.fstat(opened.fileno())
-                holder = Holder.parse(opened.read(4096))
+                stat = os.fstat(opened.fileno())
+                seen = Seen(stat, opened.read(4096))
         except FileNotFoundError:
             return "gone", None, ""
+        holder = Holder.parse(seen.content)
         if holder is not None and holder.on_this_machine():
             return ("live", seen, "") if holder.alive() else ("stale", seen, f"{holder} is gone")
-        signature = (seen.st_ino, seen.st_mtime_ns, seen.st_size)
+        signature = (stat.st_ino, stat.st_mtime_ns, stat.st_size)
         now = time.monotonic()
         first = self._unchanged_since.get(record)
         if first is None or first[0] != signature:
@@ -166,7 +177,7 @@ class Judge:
         who = str(holder) if holder else "a holder that never wrote its name"
         if now - first[1] >= self.stale_s:
             return "stale", seen, f"{who}: unchanged for {self.stale_s:.0f} s (no heartbeat)"
-        behind = time.time() - seen.st_mtime
+        behind = time.time() - stat.st_mtime
         if behind > self.stale_s + CLOCK_SKEW_S:
             return "stale", seen, f"{who}: no heartbeat for {behind:.0f} s"
         return "live", seen, ""
@@ -180,38 +191,56 @@ class Judge:
         return state == "live"
 
 
-def _remove_stale(record: Path, seen: os.stat_result, why: str, me: Holder, judge: Judge) -> None:
+def _remove_stale(record: Path, seen: Seen, why: str, me: Holder, judge: Judge) -> None:
     breaker = record.with_name(record.name + ".break")
     if not _create(breaker, me):  # another process is removing it; or died doing so
         state, breaker_seen, breaker_why = judge.look(breaker)
-        if state == "stale" and breaker_seen is not None:
-            _remove_if_unchanged(breaker, breaker_seen)
-            log.warning("lock record %s removed: %s", breaker, breaker_why)
+        if state == "stale":
+            assert breaker_seen is not None
+            if _remove_if_unchanged(breaker, breaker_seen):
+                log.warning("lock record %s removed: %s", breaker, breaker_why)
         return
     try:
-        try:
-            now = os.stat(record)
-        except FileNotFoundError:
-            return
-        if _same_file(now, seen):  # not refreshed, not replaced since it was judged
-            os.unlink(record)
+        if _remove_if_unchanged(record, seen):
             log.warning("lock record %s removed as stale, the lock taken over: %s", record, why)
     finally:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(breaker)
 
 
-def _remove_if_unchanged(path: Path, seen: os.stat_result) -> None:
-    """Remove ``path`` if it is still the file ``seen``, and put back one made meanwhile."""
+def _remove_if_unchanged(path: Path, seen: Seen) -> bool:
+    """Remove ``path`` if it is still the record ``seen`` (not refreshed, not replaced since it
+    was judged); whether it was.
+
+    It is first renamed to a name of this process's own, so that what is checked is what is
+    removed: checking ``path`` and then removing it would remove a newcomer's record made in
+    between (its holder, wrongly judged stale, having released meanwhile). A record that turns
+    out to be another is put back, unless yet another was made meanwhile: its holder then no
+    longer excludes the newer one, said in a warning."""
     tomb = path.with_name(f"{path.name}.gone-{uuid.uuid4().hex}")
     try:
         os.rename(path, tomb)
     except FileNotFoundError:
-        return
-    if not _same_file(os.stat(tomb), seen):
-        with contextlib.suppress(FileExistsError):
-            os.link(tomb, path)
-    os.unlink(tomb)
+        return False
+    try:
+        with open(tomb, "rb") as opened:
+            same = _same_file(os.fstat(opened.fileno()), seen.stat)
+            same = same and opened.read(4096) == seen.content
+        if same:
+            return True
+        try:
+            os.link(tomb, path)  # never replaces a record made since the rename
+        except FileExistsError:
+            holder = Holder.parse(tomb.read_bytes())
+            log.warning(
+                "lock record %s of %s was replaced while being checked for staleness: its "
+                "holder no longer excludes the new one",
+                path,
+                holder or "a holder that never wrote its name",
+            )
+        return False
+    finally:
+        os.unlink(tomb)
 
 
 class _Heartbeat:
@@ -315,6 +344,8 @@ class _Pauses:
 
 
 def shared_records(path: Path) -> list[Path]:
+    """The shared holders' records of ``path``. On NFS the listing may come from the client's
+    cache (up to ``acdirmax``): docs/imagenet_and_slurm.md says how to mount such a folder."""
     pattern = re.compile(re.escape(path.name + SHARED_INFIX) + "[0-9a-f]{32}")
     return [path.parent / name for name in os.listdir(path.parent) if pattern.fullmatch(name)]
 

@@ -56,7 +56,7 @@ from loaderbench.loaders.memmap.build import (
 )
 from loaderbench.loaders.memmap.store_jpeg import JpegCache, JpegStore
 from loaderbench.loaders.memmap.store_raw import ImageCache, RawStore
-from loaderbench.locking import FileLock, SharedHold, atomic_write_text
+from loaderbench.locking import FileLock, LockKindError, SharedHold, atomic_write_text
 from loaderbench.splits import SPLITS, Split
 from loaderbench.stopping import critical_section
 
@@ -225,6 +225,8 @@ def hold_in_use(cache_dir: Path, name: str) -> SharedHold | None:
     try:
         cache_dir.mkdir(parents=True, exist_ok=True)
         return SharedHold(in_use_file(cache_dir, name))
+    except LockKindError:
+        raise  # not the read-only case: no hold would leave the cache to housekeeping
     except OSError:
         return None
 
