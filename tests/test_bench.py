@@ -29,7 +29,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("bench")]
 
 LOADERS = loader_names()
 DALI = DALI_NAMES["cpu"]
-# DALI is installed by `make bench`, not by `make install`: its rows are there where it is.
+# DALI is installed by `make peers` (make bench, make test-peers), not by `make install`: its
+# rows are there where it is.
 HAS_DALI = dali_version() is not None
 # FFCV likewise (its own tests: test_bench_ffcv.py).
 FFCV_RAW, FFCV_JPG = FFCV_NAMES["raw"], FFCV_NAMES["jpeg"]

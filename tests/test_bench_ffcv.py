@@ -27,7 +27,9 @@ from loaderbench.data import Split, scan_image_folder
 
 # Skipped where FFCV does not import, as the report leaves its rows out there.
 HAS_FFCV = ffcv_unavailable() is None
-needs_ffcv = pytest.mark.skipif(not HAS_FFCV, reason="FFCV is not installed (make bench does)")
+needs_ffcv = pytest.mark.skipif(
+    not HAS_FFCV, reason="FFCV is not installed (make test-peers installs it)"
+)
 SIZE, BATCH = 64, 8
 FFCV_NAMES = set(FFCV_BY_STORE.values())
 

@@ -56,16 +56,21 @@ def gradient16() -> np.ndarray:
     return np.linspace(0, 65535, 90 * 120).reshape(90, 120).astype(np.uint16)
 
 
-@pytest.fixture(scope="module")
-def messy_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """2 classes; val holds 8 plain JPEGs, the odd files and the broken ones."""
-    root = tmp_path_factory.mktemp("messy")
+def plain_tree(root: Path) -> Path:
+    """2 classes of 4 plain JPEGs in train and val, under ``root``."""
     for split in ("train", "val"):
         for c, name in enumerate(("n00000001", "n00000002")):
             folder = root / split / name
             folder.mkdir(parents=True)
             for i in range(4):
                 _photo(100 * c + i).save(folder / f"ok_{i}.JPEG", quality=90)
+    return root
+
+
+@pytest.fixture(scope="module")
+def messy_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """2 classes; val holds 8 plain JPEGs, the odd files and the broken ones."""
+    root = plain_tree(tmp_path_factory.mktemp("messy"))
     val = root / "val" / "n00000001"
     _photo(1).convert("L").save(val / "gray.JPEG", quality=90)
     _photo(2).convert("CMYK").save(val / "cmyk.JPEG", quality=90)

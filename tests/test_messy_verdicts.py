@@ -22,7 +22,7 @@ from loaderbench.images import ImageTooLarge, fast_jpeg, load_rgb
 from loaderbench.loaders import build_loader
 from loaderbench.loaders.spdl.decoders import Sample, is_encoded, open_file
 from tests.conftest import READERS, cpu_spec, folder_index, loader_folders
-from tests.test_messy import SIZE, _photo, gradient16
+from tests.test_messy import SIZE, _photo, gradient16, plain_tree
 
 pytestmark = pytest.mark.slow
 
@@ -58,17 +58,6 @@ def _insert_before(data: bytes, marker: bytes, junk: bytes, last: bool = False) 
     at = data.rfind(marker) if last else data.find(marker)
     assert at > 0, marker
     return data[:at] + junk + data[at:]
-
-
-def plain_tree(root: Path) -> Path:
-    """2 classes of 4 plain JPEGs in train and val, under ``root``."""
-    for split in ("train", "val"):
-        for c, name in enumerate(("n00000001", "n00000002")):
-            folder = root / split / name
-            folder.mkdir(parents=True)
-            for i in range(4):
-                _photo(100 * c + i).save(folder / f"ok_{i}.JPEG", quality=90)
-    return root
 
 
 @pytest.fixture(scope="module")
