@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
 import threading
 from collections.abc import Iterator
@@ -143,5 +144,14 @@ def requeue() -> bool:
     handler = _handler_before
     if not callable(handler):
         return False
-    handler(PREEMPT_SIGNAL, None)
+    try:
+        handler(PREEMPT_SIGNAL, None)
+    except subprocess.CalledProcessError as error:
+        # ``scontrol requeue`` is a process of the job it requeues: SLURM may stop the job
+        # (SIGTERM to every process of the step) before scontrol has exited. Killed by a
+        # signal, it has done its work; ending here as submitit does after a requeue (no
+        # result written) lets the requeued job finish the run instead of reporting a failure.
+        if error.returncode >= 0:
+            raise
+        sys.exit(-1)
     return True
