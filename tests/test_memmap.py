@@ -279,9 +279,11 @@ def test_held_batches_are_never_overwritten(tiny_root: Path, tmp_path: Path) -> 
         loader.close()
 
 
-def test_no_reader_thread_outlives_close_or_an_abandoned_iterator(
+def test_the_reading_threads_serve_the_whole_run_and_none_outlives_close(
     tiny_root: Path, tmp_path: Path
 ) -> None:
+    """One pool of reading threads for the run: the same threads read every epoch, an
+    abandoned iterator leaves no batch being read, and ``close`` ends them."""
     index = index_of(tiny_root)
     loader = make_loader(index.train, tmp_path, train=True, num_workers=2, batch_size=2)
     iterator = iter(loader)
@@ -290,11 +292,19 @@ def test_no_reader_thread_outlives_close_or_an_abandoned_iterator(
     loader.close()
     assert not reader_threads()
 
+    for epoch in range(2):
+        loader.set_epoch(epoch)
+        for _ in loader:
+            pass
+        if epoch == 0:
+            first = set(reader_threads())
+    assert set(reader_threads()) == first and 1 <= len(first) <= 2
     iterator = iter(loader)
     next(iterator)
-    assert reader_threads()
     del iterator
     gc.collect()
+    assert set(reader_threads()) == first  # idle, kept for the next epoch
+    loader.close()
     assert not reader_threads()
     loader.close()  # twice is fine
 

@@ -5,7 +5,7 @@ The geometry is fixed once here so that every loader hands the model the same ki
 * val: resize the short side to ``val_resize_size(size)`` (256 for 224), then centre-crop
   ``size`` x ``size``, as in torchvision's ImageNet references;
 * train: a random-resized crop (scale 0.08-1, ratio 3/4-4/3) to ``size`` x ``size`` plus a random
-  horizontal flip, each image's drawn from its own generator seeded by (seed, epoch, image)
+  horizontal flip, each image's drawn by ``loaderbench.crops`` from (seed, epoch, image)
   (``seeded_crops``), whichever loader, process or thread prepares it.
 
 All outputs are uint8 CHW / NCHW; normalisation happens on the device, in the model wrapper.
@@ -13,20 +13,18 @@ All outputs are uint8 CHW / NCHW; normalisation happens on the device, in the mo
 
 from __future__ import annotations
 
-import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-import numpy as np
 import torch
+
+from loaderbench.batch_resize import resize_images_into, resize_rows_into
+from loaderbench.crops import RRC_RATIO, RRC_SCALE, seeded_crops
 
 if TYPE_CHECKING:
     from PIL import Image
     from torchvision.transforms import v2
-
-RRC_SCALE = (0.08, 1.0)
-RRC_RATIO = (3.0 / 4.0, 4.0 / 3.0)
 
 
 def val_resize_size(size: int) -> int:
@@ -84,111 +82,6 @@ class PilTrainTransform:
 def normalize_uint8(images: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) -> torch.Tensor:
     """uint8 NCHW in [0, 255] -> float, normalised with per-channel mean/std given in [0, 1]."""
     return (images.float() - mean.view(1, -1, 1, 1) * 255) / (std.view(1, -1, 1, 1) * 255)
-
-
-# ---------------------------------------------------------------------------------------------
-# Batched random-resized crop: one box per image, sampled for the whole batch at once.
-
-
-# One value per (seed, epoch, image): every loader draws an image's crop and flip from a generator
-# of its own seeded with it, so the boxes do not depend on which worker, thread or batch
-# prepares the image, nor on the rank count, and no loader touches the global RNG (which
-# dropout, the optimizer and checkpoints use).
-DRAWS_PER_ATTEMPT = 2  # area fraction, log aspect ratio
-RRC_ATTEMPTS = 10
-
-
-def augmentation_seed(seed: int, epoch: int, index: int) -> int:
-    """The seed of image ``index``'s augmentation in ``epoch`` of a run seeded with ``seed``."""
-    return ((seed * 1_000_003 + epoch) * 1_000_000_007 + index) % (2**63 - 1)
-
-
-def augmentation_draws(seed: int, epoch: int, indices: Sequence[int]) -> torch.Tensor:
-    """Uniform [0, 1) draws (float64, N x D) for images ``indices``, each row from the image's
-    own generator: everything its random-resized crop and flip need."""
-    width = DRAWS_PER_ATTEMPT * RRC_ATTEMPTS + 3  # + top, left, flip
-    draws = torch.empty((len(indices), width), dtype=torch.float64)
-    generator = torch.Generator()
-    # unbind: the rows' views in one call (indexing a row costs as much as seeding it).
-    for row, index in zip(draws.unbind(0), indices, strict=True):
-        generator.manual_seed(augmentation_seed(seed, epoch, index))
-        row.uniform_(generator=generator)
-    return draws
-
-
-def random_crops(
-    heights: torch.Tensor,
-    widths: torch.Tensor,
-    draws: torch.Tensor,
-    scale: tuple[float, float] = RRC_SCALE,
-    ratio: tuple[float, float] = RRC_RATIO,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Boxes ``(top, left, height, width)`` (int64, N x 4) and flips (bool, N) for images of
-    size (h, w), from their ``augmentation_draws``; vectorised over the batch.
-
-    The distribution of torchvision's ``RandomResizedCrop.get_params`` (area fraction uniform in
-    ``scale``, log-aspect uniform in ``ratio``, up to ten tries, then the central crop clamped
-    to ``ratio``) and ``RandomHorizontalFlip``.
-
-    In numpy float64 (a batch's ~40 small ops cost a tenth of torch's dispatch, ~8 us an image
-    at batch 32): every op is IEEE-exact and rounds half to even in both libraries, so the boxes
-    are torch's to the bit. Only ``exp`` is not exact; it stays torch's own kernel, on the same
-    contiguous (N, attempts) block as ever.
-    """
-    # (h, w) side by side: each step below is one op for both sides.
-    sizes = np.stack([np.asarray(heights, np.float64), np.asarray(widths, np.float64)], axis=1)
-    u = draws.numpy()
-    attempts = RRC_ATTEMPTS
-    area = (sizes[:, 0] * sizes[:, 1])[:, None]
-    area_draws, ratio_draws = u[:, :attempts], u[:, attempts : 2 * attempts]
-    target_area = area * (scale[0] + (scale[1] - scale[0]) * area_draws)
-    low, high = math.log(ratio[0]), math.log(ratio[1])
-    aspect = torch.from_numpy(low + (high - low) * ratio_draws).exp_().numpy()
-    tries = np.round(np.sqrt(np.stack([target_area / aspect, target_area * aspect], axis=2)))
-    ok = ((tries > 0) & (tries <= sizes[:, None, :])).all(axis=2)
-    found = ok.any(axis=1)
-    first = ok.argmax(axis=1)  # the first attempt that fits (0 where none does)
-    box = tries[np.arange(len(sizes)), first]
-    top_left = np.floor(u[:, -3:-1] * (sizes - box + 1))
-    if not found.all():
-        _central_fallback(sizes, box, top_left, ~found, ratio)
-    boxes = np.concatenate([top_left, box], axis=1).astype(np.int64)
-    return torch.from_numpy(boxes), torch.from_numpy(u[:, -1] < 0.5)
-
-
-def _central_fallback(
-    sizes: np.ndarray,
-    box: np.ndarray,
-    top_left: np.ndarray,
-    rows: np.ndarray,
-    ratio: tuple[float, float],
-) -> None:
-    """Where no attempt fits (``rows``), the box becomes the whole image cropped to the nearest
-    allowed aspect ratio, centred: written into ``box`` and ``top_left``, (h, w) each."""
-    heights, widths = sizes[rows, 0], sizes[rows, 1]
-    in_ratio = widths / heights
-    fb_w = np.where(
-        in_ratio < ratio[0],
-        widths,
-        np.where(in_ratio > ratio[1], np.round(heights * ratio[1]), widths),
-    )
-    fb_h = np.where(in_ratio < ratio[0], np.round(widths / ratio[0]), heights)
-    box[rows] = np.stack([fb_h, fb_w], axis=1)
-    top_left[rows] = np.floor((sizes[rows] - box[rows]) / 2)
-
-
-def seeded_crops(
-    heights: Sequence[int] | torch.Tensor,
-    widths: Sequence[int] | torch.Tensor,
-    seed: int,
-    epoch: int,
-    indices: Sequence[int],
-    scale: tuple[float, float] = RRC_SCALE,
-    ratio: tuple[float, float] = RRC_RATIO,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The crops and flips of images ``indices`` in ``epoch``: what every loader calls."""
-    draws = augmentation_draws(seed, epoch, indices)
-    return random_crops(torch.as_tensor(heights), torch.as_tensor(widths), draws, scale, ratio)
 
 
 def resize_uint8(
@@ -272,22 +165,6 @@ def resize_into(box: torch.Tensor, slot: torch.Tensor, flip: bool = False) -> No
     _resize_aa(box, slot.shape[-2:], False, None, None, out=slot)
 
 
-def resize_boxes_into(
-    boxes: Iterable[torch.Tensor], flips: Sequence[bool] | None, out: torch.Tensor
-) -> torch.Tensor:
-    """Each uint8 (1, C, h, w) box resized (and flipped where ``flips`` says) into its image of
-    ``out`` (N, C, S, S, on the CPU); a box at a time, so the memory besides ``out`` is one box.
-    Each resize releases the GIL; nothing else in the loop costs more than its dispatch."""
-    slots = out.split(1)
-    if flips is None:
-        for box, slot in zip(boxes, slots, strict=True):
-            resize_into(box, slot)
-    else:
-        for box, slot, flip in zip(boxes, slots, flips, strict=True):
-            resize_into(box, slot, flip)
-    return out
-
-
 def _batch_out(n: int, size: int, channels: int, device: torch.device) -> torch.Tensor:
     """A new (n, C, size, size) uint8 batch, channels-last (the uint8 kernel's fast layout)."""
     out = torch.empty((n, size, size, channels), dtype=torch.uint8, device=device)
@@ -309,28 +186,30 @@ def resized_crop_images(
 
     One box at a time, so the memory beyond ``out`` is bounded by one box and one output image
     (in float off the CPU), whatever the batch size: a whole stored batch in float (the roi_align
-    way) is ~350 MB at 256 x 3 x 336 x 336. Each call releases the GIL on the CPU, where each box
-    is resized straight into ``out`` (``resize_boxes_into``).
+    way) is ~350 MB at 256 x 3 x 336 x 336. On the CPU each box is resized straight into
+    ``out``, the whole batch in one call that holds no GIL (``batch_resize``).
     """
     n, channels = len(images), images[0].shape[0] if len(images) else 3
     if out is None:
         out = _batch_out(n, size, channels, images[0].device if n else torch.device("cpu"))
-    flip_list = None if flips is None else flips.tolist()
-    box_list = boxes.tolist()
     in_place = out.device.type == "cpu" and not via_float
     if in_place and all(image.dtype == torch.uint8 for image in images):
-        views = (image_box(image, box) for image, box in zip(images, box_list, strict=True))
-        return resize_boxes_into(views, flip_list, out)
-    for i, (top, left, h, w) in enumerate(box_list):
+        return resize_images_into(list(images), boxes, _flips_or_none(flips, n), out)
+    flip_list = None if flips is None else flips.tolist()
+    for i, (top, left, h, w) in enumerate(boxes.tolist()):
         crop = images[i][:, top : top + h, left : left + w]
         resized = resize_uint8(crop, (size, size), via_float=via_float)
         out[i].copy_(resized.flip(-1) if flip_list and flip_list[i] else resized)
     return out
 
 
+def _flips_or_none(flips: torch.Tensor | None, n: int) -> torch.Tensor:
+    return torch.zeros(n, dtype=torch.bool) if flips is None else flips
+
+
 def crop_resize_flip_rows(
     rows: torch.Tensor,
-    indices: Sequence[int],
+    indices: Sequence[int] | torch.Tensor,
     boxes: torch.Tensor,
     size: int,
     flips: torch.Tensor | None = None,
@@ -338,11 +217,13 @@ def crop_resize_flip_rows(
 ) -> torch.Tensor:
     """The boxes of images ``indices`` of channels-last stored rows (N, H, W, C: a memory map,
     on the CPU) resized (and flipped) into ``out`` (n, C, size, size): cut straight from the
-    rows, so only the boxes' lines are read and no row is gathered first."""
+    rows, so only the boxes' lines are read and no row is gathered first; the whole batch in
+    one call that holds no GIL (``batch_resize``)."""
+    n = len(indices)
     if out is None:
-        out = _batch_out(len(indices), size, rows.shape[3], rows.device)
-    views = (stored_box(rows, row, box) for row, box in zip(indices, boxes.tolist(), strict=True))
-    return resize_boxes_into(views, None if flips is None else flips.tolist(), out)
+        out = _batch_out(n, size, rows.shape[3], rows.device)
+    index = torch.as_tensor(indices, dtype=torch.int64)
+    return resize_rows_into(rows, index, boxes, _flips_or_none(flips, n), out)
 
 
 def crop_resize_flip_batch(

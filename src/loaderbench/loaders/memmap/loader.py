@@ -41,7 +41,7 @@ import threading
 import weakref
 from collections import deque
 from collections.abc import Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any
 
@@ -168,7 +168,7 @@ class MemmapLoader(Loader):
         self._errors: dict[int, str] = {item["index"]: item["error"] for item in skipped}
         self._decoded_by: dict[str, int] = {}  # a jpeg store's delivered images, by library
         self._live: weakref.WeakSet = weakref.WeakSet()  # iterators not yet finished
-        self._pools: set[ThreadPoolExecutor] = set()
+        self._executor: ThreadPoolExecutor | None = None  # the reading threads, for the run
         self._lock = threading.Lock()
         # Raw train rows are cropped where the batch goes (the GPU); a jpeg store's batch is
         # decoded there too, by one batched nvJPEG call, then cropped image by image; both by
@@ -255,7 +255,7 @@ class MemmapLoader(Loader):
         """Boxes inside each image's stored size (the distribution of a crop of the original
         file) and flips, from the run's seed, ``epoch`` and the image."""
         heights, widths = self._heights[indices], self._widths[indices]
-        return self.spec.random_crops(heights, widths, epoch, indices.tolist())
+        return self.spec.random_crops(heights, widths, epoch, indices)
 
     def _crop_rows(self, epoch: int, indices: torch.Tensor) -> torch.Tensor:
         """A raw train batch on the CPU: each box resized (and flipped) straight from the
@@ -263,8 +263,7 @@ class MemmapLoader(Loader):
         gathered first (half of a stored row, on average, is outside its box)."""
         boxes, flips = self._train_boxes(epoch, indices)
         out = self._crop_pool.take(len(indices)).permute(0, 3, 1, 2)
-        rows, size = self._rows, self.spec.image_size
-        return crop_resize_flip_rows(rows, indices.tolist(), boxes, size, flips, out)
+        return crop_resize_flip_rows(self._rows, indices, boxes, self.spec.image_size, flips, out)
 
     def _decode(self, epoch: int, indices: torch.Tensor) -> _Gathered:
         """A jpeg store's batch: each image's bytes decoded (a train image's box only; GIL
@@ -273,9 +272,7 @@ class MemmapLoader(Loader):
         labels = torch.index_select(self._labels, 0, indices, out=self._label_pool.take(len(spans)))
         boxes = flips = None
         if self.spec.train:  # in the stored image's coordinates, from its stored size
-            boxes, flips = self.spec.random_crops(
-                self._heights[indices], self._widths[indices], epoch, indices.tolist()
-            )
+            boxes, flips = self._train_boxes(epoch, indices)
         if self._decode_on_device:  # decoded where the batch goes, by this thread's decoder
             encoded = [self._bytes[start:stop].clone() for start, stop in spans]
             return self._decode_on_thread_stream(encoded, labels, boxes, flips)
@@ -360,16 +357,7 @@ class MemmapLoader(Loader):
                 if gathered is not None:
                     yield self._deliver(gathered)
             return
-        workers = self.spec.num_workers
-        # One core per reading thread: the threads are the parallelism, and a resize that also
-        # forks torch's intra-op team waits on descheduled teammates (~10x slower when busy).
-        pool = ThreadPoolExecutor(
-            max_workers=workers,
-            thread_name_prefix="memmap-loader",
-            initializer=serial_torch_in_this_thread,
-        )
-        with self._lock:
-            self._pools.add(pool)
+        pool = self._reading_threads()
         jobs = iter(batches)
         pending: deque[tuple[torch.Tensor, Future[_Gathered | None]]] = deque()
 
@@ -390,12 +378,26 @@ class MemmapLoader(Loader):
                 if gathered is not None:
                     yield self._deliver(gathered)
         finally:
-            # Reached on exhaustion, on close() and when the iterator is garbage-collected.
-            for _, future in pending:
-                future.cancel()
-            pool.shutdown(wait=True, cancel_futures=True)
-            with self._lock:
-                self._pools.discard(pool)
+            # Reached on exhaustion, on close() and when the iterator is garbage-collected: the
+            # batches not started are dropped, the ones being read finish (they write into
+            # pooled buffers) before the iterator is gone.
+            running = [future for _, future in pending if not future.cancel()]
+            wait(running)
+
+    def _reading_threads(self) -> ThreadPoolExecutor:
+        """The run's reading threads, started at the first epoch and kept until ``close``
+        (starting them each epoch cost a few batches' time at every epoch's start)."""
+        with self._lock:
+            if self._executor is None:
+                # One core per reading thread: the threads are the parallelism, and a resize
+                # that also forks torch's intra-op team waits on descheduled teammates (~10x
+                # slower when busy).
+                self._executor = ThreadPoolExecutor(
+                    max_workers=self.spec.num_workers,
+                    thread_name_prefix="memmap-loader",
+                    initializer=serial_torch_in_this_thread,
+                )
+            return self._executor
 
     def stats(self) -> dict[str, Any]:
         meta = self.cache.meta
@@ -453,7 +455,7 @@ class MemmapLoader(Loader):
             with contextlib.suppress(ValueError):
                 iterator.close()
         with self._lock:
-            pools = list(self._pools)
-        for pool in pools:
+            pool, self._executor = self._executor, None
+        if pool is not None:
             pool.shutdown(wait=True, cancel_futures=True)
         self.cache.release()

@@ -1,0 +1,142 @@
+"""A batch of boxes resized (and flipped) on the CPU in one call that holds no GIL.
+
+The reading threads of the memmap loader resize each image's train box into its slot of the
+batch: a uint8 antialiased resize of ~100 us at 224 px, and around it, in Python, the box's view,
+the flip and the call, a few microseconds an image, with the GIL held. Two threads on two cores
+then spend a fifth of their time waiting for each other's Python (docs/measurements.md,
+"memmap: the crop path"). So the whole batch's loop runs in TorchScript, whose interpreter
+releases the GIL for the call: one Python call a batch, and the per-image steps (the view,
+the flip, the resize into the slot) as ATen calls from C++.
+
+TorchScript is deprecated (torch 2.14 warns at ``torch.jit.script``) but still the one way
+torch runs a loop of ATen calls without the GIL. Where it cannot compile (a torch without it,
+sources not available), the same loop runs in Python (``scripted=False``), with the same
+pixels: the tests compare the two to the bit.
+
+The flip is the box's one copy: torch's uint8 kernel copies a box that is not contiguous
+channels-last before it resizes (resizing a view costs what copying it first and resizing the
+copy does), so a mirrored box costs the difference between the flip kernel and that copy, and
+is resized with no copy more; the filter's taps are symmetric, so a mirrored box resizes to
+the mirrored output, to the bit.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import warnings
+from typing import Any
+
+import torch
+
+log = logging.getLogger(__name__)
+
+
+def _rows_loop(
+    rows: torch.Tensor,
+    index: torch.Tensor,
+    boxes: torch.Tensor,
+    flips: torch.Tensor,
+    out: torch.Tensor,
+) -> None:
+    """Box ``boxes[k]`` (top, left, h, w) of stored channels-last row ``index[k]`` of ``rows``
+    (N, H, W, C), mirrored where ``flips[k]``, resized into ``out[k]`` (n, C, S, S)."""
+    s_image, s_y, s_x, s_channel = rows.stride(0), rows.stride(1), rows.stride(2), rows.stride(3)
+    channels = rows.size(3)
+    base = rows.storage_offset()
+    size = [out.size(2), out.size(3)]
+    at: list[int] = index.tolist()
+    cut: list[list[int]] = boxes.tolist()
+    mirror: list[bool] = flips.tolist()
+    for k in range(len(at)):
+        top, left, h, w = cut[k][0], cut[k][1], cut[k][2], cut[k][3]
+        # The batch stride spans the box, so that the box reads as channels-last.
+        extent = max(s_channel * channels, max(s_y * h, s_x * w))
+        start = base + at[k] * s_image + top * s_y + left * s_x
+        box = rows.as_strided([1, channels, h, w], [extent, s_channel, s_y, s_x], start)
+        if mirror[k]:
+            box = box.flip(-1)
+        # torch's uint8 antialiased bilinear kernel (F.interpolate's), through its out=
+        # overload: the box is written straight into its slot of the batch.
+        torch.ops.aten._upsample_bilinear2d_aa(
+            box, size, False, None, None, out=out.narrow(0, k, 1)
+        )
+
+
+def _images_loop(
+    images: list[torch.Tensor], boxes: torch.Tensor, flips: torch.Tensor, out: torch.Tensor
+) -> None:
+    """Box ``boxes[k]`` of uint8 CHW ``images[k]`` (any strides), mirrored where ``flips[k]``,
+    resized into ``out[k]`` (n, C, S, S)."""
+    size = [out.size(2), out.size(3)]
+    cut: list[list[int]] = boxes.tolist()
+    mirror: list[bool] = flips.tolist()
+    for k in range(len(images)):
+        top, left, h, w = cut[k][0], cut[k][1], cut[k][2], cut[k][3]
+        box = images[k].narrow(1, top, h).narrow(2, left, w).unsqueeze(0)
+        if mirror[k]:
+            box = box.flip(-1)
+        if box.stride(1) != 1:
+            # Planar (CHW) pixels, as decoders give them: the kernel copies such a box to
+            # channels-last anyway, and a planar one into a channels-last slot trips its
+            # internal assert (torch 2.14).
+            box = box.contiguous(memory_format=torch.channels_last)
+        torch.ops.aten._upsample_bilinear2d_aa(
+            box, size, False, None, None, out=out.narrow(0, k, 1)
+        )
+
+
+_compiled: dict[str, Any] = {}
+_compile_lock = threading.Lock()
+
+
+def _loop(name: str, scripted: bool | None) -> Any:
+    """The loop ``name`` compiled by TorchScript (once per process), or in Python where
+    ``scripted`` is False or TorchScript cannot compile it here."""
+    python = {"rows": _rows_loop, "images": _images_loop}[name]
+    if scripted is False:
+        return python
+    with _compile_lock:
+        if name not in _compiled:
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore", FutureWarning)  # "torch.jit is deprecated"
+                    _compiled[name] = torch.jit.script(python)
+            except Exception as error:  # no TorchScript here: the loop in Python
+                log.warning("TorchScript cannot compile the crop loop (%s): Python runs it", error)
+                _compiled[name] = python
+        return _compiled[name]
+
+
+def scripted_available() -> bool:
+    """Whether the crop loops run in TorchScript here (for metrics and tests)."""
+    return not isinstance(_loop("rows", None), type(_rows_loop))
+
+
+def resize_rows_into(
+    rows: torch.Tensor,
+    index: torch.Tensor,
+    boxes: torch.Tensor,
+    flips: torch.Tensor,
+    out: torch.Tensor,
+    *,
+    scripted: bool | None = None,
+) -> torch.Tensor:
+    """The boxes of stored channels-last rows, mirrored where ``flips`` says, resized into
+    ``out``: one call for the batch (``_rows_loop``)."""
+    _loop("rows", scripted)(rows, index, boxes, flips, out)
+    return out
+
+
+def resize_images_into(
+    images: list[torch.Tensor],
+    boxes: torch.Tensor,
+    flips: torch.Tensor,
+    out: torch.Tensor,
+    *,
+    scripted: bool | None = None,
+) -> torch.Tensor:
+    """The boxes of uint8 CHW images, mirrored where ``flips`` says, resized into ``out``: one
+    call for the batch (``_images_loop``)."""
+    _loop("images", scripted)(images, boxes, flips, out)
+    return out
