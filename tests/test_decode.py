@@ -186,6 +186,22 @@ def test_nvimgcodec_does_not_apply_exif_orientation() -> None:
     assert torch.equal(image, pil_reference(data))
 
 
+def test_admitted_jpegs_skip_the_admission_parse_and_others_do_not() -> None:
+    """A memmap jpeg store's own JPEGs are decoded ``admitted``: no header parse by the
+    admission rule (``images.fast_jpeg``), which sends a file with an EXIF orientation tag to
+    PIL; so such a file goes to PIL unadmitted, and to nvImageCodec admitted, with the same
+    pixels (neither applies the orientation)."""
+    loaded("nvimgcodec")
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    data = as_tensor(encode(Image.fromarray(photo_like(40, 70)), exif=exif))
+    for admitted, library in ((False, "pil"), (True, "nvimgcodec")):
+        with decoded_by.counting() as counts:
+            (image,) = decode.decode_batch([data], CPU, [(4, 8, 16, 32)], admitted=admitted)
+        assert counts == {library: 1}
+        assert torch.equal(image, pil_reference(data.numpy().tobytes())[:, 4:20, 8:40])
+
+
 def test_a_box_outside_the_image_is_refused_naming_it() -> None:
     for name in BACKENDS:
         backend = loaded(name)

@@ -35,7 +35,9 @@ class JpegBackend(abc.ABC):
 
     ``decode`` gives each image's ``box`` (all of it where the box is None): decoded alone
     where the backend can, else cut from the whole image. A failed image comes back as the
-    exception saying why, the others still decode.
+    exception saying why, the others still decode. ``admitted``: the bytes are JPEGs this
+    project encoded (a memmap jpeg store's), which a backend that checks the loaders' admission
+    rule (``images.fast_jpeg``) first may take without parsing their headers again.
     """
 
     name: ClassVar[str]
@@ -50,7 +52,12 @@ class JpegBackend(abc.ABC):
         """Whole images at once; raises if any fails."""
 
     def decode(
-        self, datas: Sequence[torch.Tensor], device: torch.device, boxes: Sequence[Box | None]
+        self,
+        datas: Sequence[torch.Tensor],
+        device: torch.device,
+        boxes: Sequence[Box | None],
+        *,
+        admitted: bool = False,
     ) -> list[Decoded]:
         datas = list(datas)
         try:

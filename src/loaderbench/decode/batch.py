@@ -58,11 +58,14 @@ class BatchJpegDecoder:
         datas: Sequence[torch.Tensor],
         finish: Callable[[list[Decoded]], T],
         boxes: Sequence[Box | None] | None = None,
+        *,
+        admitted: bool = False,
     ) -> tuple[T, torch.cuda.Event | None]:
         """Decode ``datas`` (each only its box, where given) in one call and ``finish`` the
         images (crop, resize, stack); returns what ``finish`` made and the event after which
-        it is ready (None: now)."""
-        result, _ = self._decode_and_finish(datas, finish, boxes)
+        it is ready (None: now). ``admitted``: JPEGs this project encoded
+        (``JpegBackend.decode``)."""
+        result, _ = self._decode_and_finish(datas, finish, boxes, admitted)
         return result, None
 
     def _decode_and_finish(
@@ -70,8 +73,9 @@ class BatchJpegDecoder:
         datas: Sequence[torch.Tensor],
         finish: Callable[[list[Decoded]], T],
         boxes: Sequence[Box | None] | None,
+        admitted: bool = False,
     ) -> tuple[T, list[Decoded]]:
-        decoded = decode_batch(datas, self.device, boxes) if datas else []
+        decoded = decode_batch(datas, self.device, boxes, admitted=admitted) if datas else []
         return finish(decoded), decoded
 
 
@@ -100,12 +104,14 @@ class CudaJpegDecoder(BatchJpegDecoder):
         datas: Sequence[torch.Tensor],
         finish: Callable[[list[Decoded]], T],
         boxes: Sequence[Box | None] | None = None,
+        *,
+        admitted: bool = False,
     ) -> tuple[T, torch.cuda.Event | None]:
         with self._lock:
             self.stream.synchronize()  # nvJPEG's hardware path is not ordered with the stream
             self._in_flight = []  # their crops are done: their memory may go
             with torch.cuda.stream(self.stream):
-                result, self._in_flight = self._decode_and_finish(datas, finish, boxes)
+                result, self._in_flight = self._decode_and_finish(datas, finish, boxes, admitted)
                 ready = torch.cuda.Event()
                 ready.record(self.stream)
         return result, ready

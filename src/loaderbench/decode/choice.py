@@ -145,8 +145,11 @@ def decode_batch(
     datas: Sequence[torch.Tensor],
     device: torch.device,
     boxes: Sequence[Box | None] | None = None,
+    *,
+    admitted: bool = False,
 ) -> list[Decoded]:
     """Decode JPEGs at once on ``device`` (each only its box where given); a file that fails
-    comes back as its error, the others still decode."""
+    comes back as its error, the others still decode. ``admitted``: JPEGs this project
+    encoded, taken without the admission parse (``JpegBackend.decode``)."""
     boxes = [None] * len(datas) if boxes is None else boxes
-    return chosen(device).decode(list(datas), device, boxes)
+    return chosen(device).decode(list(datas), device, boxes, admitted=admitted)

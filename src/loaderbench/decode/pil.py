@@ -23,7 +23,12 @@ class PilBackend(JpegBackend):
         return [decode_pil(data) for data in datas]
 
     def decode(
-        self, datas: Sequence[torch.Tensor], device: torch.device, boxes: Sequence[Box | None]
+        self,
+        datas: Sequence[torch.Tensor],
+        device: torch.device,
+        boxes: Sequence[Box | None],
+        *,
+        admitted: bool = False,
     ) -> list[Decoded]:
         results: list[Decoded] = []
         for data, box in zip(datas, boxes, strict=True):
