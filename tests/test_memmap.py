@@ -353,3 +353,44 @@ def test_train_py_trains_with_loader_memmap_then_reuses_the_cache(
     assert 0 < metrics["ttfb_s"] <= metrics["wall_s"] and metrics["images"] == 2 * 24
     # The very folders of the first run, neither rebuilt nor joined by another.
     assert cache_folders() == caches
+
+
+def served(loader: MemmapLoader) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    return [(batch.images.clone(), batch.labels.clone()) for batch in loader]
+
+
+def test_batches_read_ahead_into_the_next_epoch_are_that_epochs_and_only_served_there(
+    tiny_root: Path, tmp_path: Path
+) -> None:
+    """With ``next_epoch`` the reading threads go on into the next epoch's first batches (and
+    ``queued_at_start`` says so); that epoch, from its start, serves exactly what a loader
+    that never reads ahead serves; a resumed epoch (another start) or another epoch drops
+    them and serves its own."""
+    index = index_of(tiny_root)
+    options = {"train": True, "num_workers": 2, "batch_size": 2, "prefetch": 3}
+    plain = make_loader(index.train, tmp_path, **options)
+    ahead = make_loader(index.train, tmp_path, **options)
+    try:
+        expected = {}
+        for epoch, start in ((1, 0), (2, 0), (2, 1), (3, 0)):
+            plain.set_epoch(epoch, start)
+            expected[epoch, start] = served(plain)
+        ahead.set_epoch(0, next_epoch=True)
+        served(ahead)
+        assert ahead.queued_at_start() == 0  # still epoch 0's
+        ahead.set_epoch(1, next_epoch=True)
+        assert ahead.queued_at_start() == 3
+        got = served(ahead)
+        ahead.set_epoch(2, 1)  # epoch 2 read ahead from its start, asked from batch 1
+        assert ahead.queued_at_start() == 0
+        for (image, label), (want_image, want_label) in zip(
+            [*got, *served(ahead)], [*expected[1, 0], *expected[2, 1]], strict=True
+        ):
+            assert torch.equal(image, want_image) and torch.equal(label, want_label)
+        ahead.set_epoch(3, next_epoch=False)  # nothing read ahead for it: served as ever
+        assert [torch.equal(a[0], b[0]) for a, b in zip(served(ahead), expected[3, 0])] == [
+            True
+        ] * len(expected[3, 0])
+    finally:
+        plain.close()
+        ahead.close()

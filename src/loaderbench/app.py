@@ -57,7 +57,7 @@ def measure_loader(session: Session, loader: Loader, epochs: int) -> dict[str, A
     name, bench = session.config.loader.name, session.config.bench
     with session.keep_partial(meter, window):
         for epoch in range(epochs):
-            loader.set_epoch(epoch)
+            loader.set_epoch(epoch, next_epoch=epoch + 1 < epochs)
             with window:
                 consume(
                     loader,

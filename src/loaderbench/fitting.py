@@ -417,7 +417,7 @@ def fit(
         epoch_loss = start.epoch_loss if resumed else Average()
         mark = (meter.batches, window.cpu_s)
         if first < steps:  # else preempted at its last step: only its validation is left
-            train_loader.set_epoch(epoch, position)
+            train_loader.set_epoch(epoch, position, next_epoch=epoch + 1 < epochs.stop)
             stop.start_pass(steps - first)
             with window:
                 train_one_epoch(

@@ -26,7 +26,9 @@ The train pipelines have limits of their own, measured the same way (the same bo
 every loader draws, one thread x cores, and a plain pool): the region decode limit for those
 that decode their crops per epoch, and the crop-and-resize limit for memmap's raw store, which
 decodes nothing: its work per image is cutting the box from the stored row, resizing it and
-flipping it (``measure_crop_limit``, over rows decoded as the store keeps them).
+flipping it (``measure_crop_limit``, over rows decoded as the store keeps them). Its candidates
+include the loader's own way (a batch's boxes in one call that holds no GIL), and its plain pool
+runs that way: a pool of one Python call an image measures the GIL more than the cores.
 
 ``python -m loaderbench.bench.limits [--root DIR] [--image-size 224] [METRICS_JSON ...]`` prints
 the candidates, the limits and, for each ``metrics.json`` of a ``model=none`` run, the ratios
@@ -54,6 +56,23 @@ from loaderbench.transforms import RRC_SCALE
 
 DecodeFn = Callable[[str], torch.Tensor]
 CPU = torch.device("cpu")
+BATCH = 32  # images a loader's reading thread prepares in one go (the bench's batch size)
+
+
+def batched(fn: Callable[[Sequence[str]], object]) -> DecodeFn:
+    """Mark a candidate that does its job for a batch of paths at once (``run_over``)."""
+    fn.batched = True  # type: ignore[attr-defined]
+    return fn  # type: ignore[return-value]
+
+
+def run_over(fn: DecodeFn, paths: Sequence[str]) -> None:
+    """Do ``fn``'s job for every path: one call a path, or one a batch for a ``batched`` one."""
+    if getattr(fn, "batched", False):
+        for start in range(0, len(paths), BATCH):
+            fn(paths[start : start + BATCH])  # type: ignore[arg-type]
+        return
+    for path in paths:
+        fn(path)
 
 
 def usable_cores() -> int:
@@ -100,13 +119,11 @@ def time_single_thread(
     def run() -> None:
         try:
             serial_torch_in_this_thread()
-            for path in paths[:warmup]:
-                fn(path)
+            run_over(fn, paths[:warmup])
             best = (float("inf"), float("inf"))
             for _ in range(repeats):
                 wall, cpu = time.perf_counter(), time.thread_time()
-                for path in paths:
-                    fn(path)
+                run_over(fn, paths)
                 best = min(best, (time.perf_counter() - wall, time.thread_time() - cpu))
             result["best"] = best
         except BaseException as error:  # reported in the calling thread
@@ -129,8 +146,7 @@ def time_thread_pool(
 
     def decode_chunk(chunk_paths: Sequence[str]) -> None:
         serial_torch_in_this_thread()
-        for path in chunk_paths:
-            fn(path)
+        run_over(fn, chunk_paths)
 
     chunks = [paths[i : i + chunk] for i in range(0, len(paths), chunk)]
     best = (float("inf"), float("inf"))
@@ -159,8 +175,15 @@ def measure_decode_limit(
 
 
 def _measure(
-    fns: dict[str, DecodeFn], paths: Sequence[str], image_size: int, repeats: int, pool: bool
+    fns: dict[str, DecodeFn],
+    paths: Sequence[str],
+    image_size: int,
+    repeats: int,
+    pool: bool,
+    pool_with: str | None = None,
 ) -> DecodeLimit:
+    """The single-thread rate of each of ``fns``, and the pool's of the best one (or of
+    ``pool_with``: the way the loader runs, where a pool of another way loses to the GIL)."""
     rates = []
     for name, fn in fns.items():
         wall, cpu = time_single_thread(fn, paths, repeats)
@@ -168,7 +191,7 @@ def _measure(
     limit = DecodeLimit(usable_cores(), image_size, tuple(rates))
     if not pool:
         return limit
-    best = limit.best.name
+    best = pool_with or limit.best.name
     wall, cpu = time_thread_pool(fns[best], paths, limit.cores, repeats)
     return replace(limit, pool=DecodeRate(f"{best} x {limit.cores} threads", len(paths), wall, cpu))
 
@@ -281,28 +304,50 @@ def crop_candidates(
     ``image_size`` and (``flips``) flip it where drawn, per way of doing it with the same
     antialiased filter:
 
-    * ``torch-into-batch``: the uint8 kernel writing into a slot of a reused batch (each
-      thread its own), from a view of the box: what memmap's reading threads call per image;
+    * ``batch-loop``: a batch's boxes resized into a reused batch (each thread its own) by
+      one call that holds no GIL (``transforms.crop_resize_flip_rows``): what memmap's
+      reading threads call per batch;
+    * ``torch-into-batch``: the uint8 kernel writing into a slot of a reused batch, from a
+      view of the box, one Python call an image;
     * ``torch-new-tensor``: the per-image reference, ``resize_uint8`` into a new tensor.
 
     PIL (the same filter) would first copy the row into an image of its own; OpenCV's INTER_AREA
     measured no faster here, and is not installed with the project.
     """
-    from loaderbench.transforms import resize_into, resize_uint8, stored_box
+    from loaderbench.transforms import (
+        crop_resize_flip_rows,
+        resize_into,
+        resize_uint8,
+        stored_box,
+    )
 
     index = {path: i for i, path in enumerate(paths)}
     size = (image_size, image_size)
     local = threading.local()
+    boxes, flip_flags = torch.tensor(crops.boxes), torch.tensor(crops.flips) & flips
+
+    def batch() -> torch.Tensor:
+        if not hasattr(local, "batch"):  # a batch for this thread, as a loader's
+            rows = torch.empty((BATCH, *size, crops.rows.shape[3]), dtype=torch.uint8)
+            local.batch = rows.permute(0, 3, 1, 2)
+        return local.batch
 
     def slots() -> tuple[torch.Tensor, ...]:
-        if not hasattr(local, "slots"):  # a batch of 32 for this thread, as a loader's
-            batch = torch.empty((32, *size, crops.rows.shape[3]), dtype=torch.uint8)
-            local.slots = batch.permute(0, 3, 1, 2).split(1)
+        if not hasattr(local, "slots"):
+            local.slots = batch().split(1)
         return local.slots
+
+    @batched
+    def batch_loop(chunk: Sequence[str]) -> torch.Tensor:
+        rows = torch.tensor([index[path] for path in chunk])
+        out = batch()[: len(chunk)]
+        return crop_resize_flip_rows(
+            crops.rows, rows, boxes[rows], image_size, flip_flags[rows], out
+        )
 
     def into_batch(path: str) -> torch.Tensor:
         i = index[path]
-        slot = slots()[i % 32]
+        slot = slots()[i % BATCH]
         resize_into(stored_box(crops.rows, i, crops.boxes[i]), slot, flips and crops.flips[i])
         return slot
 
@@ -312,7 +357,11 @@ def crop_candidates(
         out = resize_uint8(crops.rows[i, top : top + h, left : left + w].permute(2, 0, 1), size)
         return out.flip(-1) if flips and crops.flips[i] else out
 
-    return {"torch-into-batch": into_batch, "torch-new-tensor": new_tensor}
+    return {
+        "batch-loop": batch_loop,
+        "torch-into-batch": into_batch,
+        "torch-new-tensor": new_tensor,
+    }
 
 
 def measure_crop_limit(
@@ -330,7 +379,7 @@ def measure_crop_limit(
         raise ValueError("measure_crop_limit needs at least one image path")
     crops = stored_crops(paths, image_size, scale=scale)
     fns = crop_candidates(crops, paths, image_size)
-    limit = _measure(fns, paths, image_size, repeats, pool)
+    limit = _measure(fns, paths, image_size, repeats, pool, pool_with="batch-loop")
     unflipped = crop_candidates(crops, paths, image_size, flips=False)[limit.best.name]
     wall, cpu = time_single_thread(unflipped, paths, repeats)
     resize_alone = DecodeRate(f"{limit.best.name}, no flips", len(paths), wall, cpu)

@@ -140,6 +140,9 @@ class Loader(abc.ABC):
         # batch. A job resumed in this epoch continues from here (``set_epoch(epoch,
         # position)``); from the batches handed over, it would serve one twice.
         self.position = 0
+        # Whether the caller iterates the epoch after this one next (``set_epoch``): a loader
+        # may then read ahead into it once this epoch's batches are all under way.
+        self.next_epoch = False
         # The skipped-file ledger: the split's files (indices) this loader found unreadable in
         # the epochs served so far (``skip_unreadable``).
         self._skipped: set[int] = set()
@@ -159,12 +162,14 @@ class Loader(abc.ABC):
         """Batches per epoch on this rank."""
         return self.spec.batches_per_epoch()
 
-    def set_epoch(self, epoch: int, start_batch: int = 0) -> None:
+    def set_epoch(self, epoch: int, start_batch: int = 0, *, next_epoch: bool = False) -> None:
         """The epoch the next iteration serves, from its batch ``start_batch`` (a job resumed
-        in the middle of an epoch; the epoch's order and augmentation are the same)."""
+        in the middle of an epoch; the epoch's order and augmentation are the same);
+        ``next_epoch``: the caller will iterate ``epoch + 1`` after it, from its start."""
         self.epoch = epoch
         self.start_batch = start_batch
         self.position = start_batch
+        self.next_epoch = next_epoch
 
     def queue_depth(self) -> int:
         """Batches this loader may have decoded, ready or under way, ahead of the loop at most:

@@ -39,9 +39,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import weakref
-from collections import deque
 from collections.abc import Iterator
-from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any
 
@@ -65,9 +63,9 @@ from loaderbench.loaders.base import Batch, Loader, LoaderSpec, register_loader
 from loaderbench.loaders.memmap.build import StorePolicy
 from loaderbench.loaders.memmap.cache import OpenedCache, ensure_cache
 from loaderbench.loaders.memmap.device_work import ThreadStreams
+from loaderbench.loaders.memmap.reading import ReadingThreads
 from loaderbench.loaders.memmap.settings import Settings
 from loaderbench.loaders.memmap.store_jpeg import JpegCache
-from loaderbench.threads import serial_torch_in_this_thread
 from loaderbench.transforms import (
     crop_resize_flip_batch,
     crop_resize_flip_rows,
@@ -172,7 +170,7 @@ class MemmapLoader(Loader):
         self._errors: dict[int, str] = {item["index"]: item["error"] for item in skipped}
         self._decoded_by: dict[str, int] = {}  # a jpeg store's delivered images, by library
         self._live: weakref.WeakSet = weakref.WeakSet()  # iterators not yet finished
-        self._executor: ThreadPoolExecutor | None = None  # the reading threads, for the run
+        self._reading: ReadingThreads[_Gathered | None] | None = None  # for the run
         self._lock = threading.Lock()
         # Raw train rows are cropped where the batch goes (the GPU); a jpeg store's batch is
         # decoded there too, by one batched nvJPEG call, then cropped image by image; both by
@@ -366,47 +364,32 @@ class MemmapLoader(Loader):
                 if gathered is not None:
                     yield self._deliver(gathered)
             return
-        pool = self._reading_threads()
-        jobs = iter(batches)
-        pending: deque[tuple[torch.Tensor, Future[_Gathered | None]]] = deque()
+        reading = self._reading_threads()
+        from_start = self.start_batch == 0
+        for indices, gathered in reading.iterate(epoch, batches, from_start, self.next_epoch):
+            self._account(indices)
+            self.position += 1
+            if gathered is not None:
+                yield self._deliver(gathered)
 
-        def submit() -> None:
-            job = next(jobs, None)
-            if job is not None:
-                pending.append((job, pool.submit(self._gather, epoch, job)))
-
-        try:
-            for _ in range(self.batches_in_flight()):
-                submit()
-            while pending:
-                indices, future = pending.popleft()
-                gathered = future.result()
-                self._account(indices)
-                self.position += 1
-                submit()
-                if gathered is not None:
-                    yield self._deliver(gathered)
-        finally:
-            # Reached on exhaustion, on close() and when the iterator is garbage-collected: the
-            # batches not started are dropped, the ones being read finish (they write into
-            # pooled buffers) before the iterator is gone.
-            running = [future for _, future in pending if not future.cancel()]
-            wait(running)
-
-    def _reading_threads(self) -> ThreadPoolExecutor:
-        """The run's reading threads, started at the first epoch and kept until ``close``
-        (starting them each epoch cost a few batches' time at every epoch's start)."""
+    def _reading_threads(self) -> ReadingThreads[_Gathered | None]:
+        """The run's reading threads, started at the first epoch and kept until ``close``."""
         with self._lock:
-            if self._executor is None:
-                # One core per reading thread: the threads are the parallelism, and a resize
-                # that also forks torch's intra-op team waits on descheduled teammates (~10x
-                # slower when busy).
-                self._executor = ThreadPoolExecutor(
-                    max_workers=self.spec.num_workers,
-                    thread_name_prefix="memmap-loader",
-                    initializer=serial_torch_in_this_thread,
+            if self._reading is None:
+                self._reading = ReadingThreads(
+                    self.spec.num_workers,
+                    self.batches_in_flight(),
+                    self._gather,
+                    self.spec.epoch_batches,
                 )
-            return self._executor
+            return self._reading
+
+    def queued_at_start(self) -> int:
+        """The next epoch's first batches, read ahead while the last one ended."""
+        reading = self._reading
+        if reading is None or self.start_batch != 0:
+            return 0
+        return reading.ahead_of(self.epoch)
 
     def stats(self) -> dict[str, Any]:
         meta = self.cache.meta
@@ -464,7 +447,7 @@ class MemmapLoader(Loader):
             with contextlib.suppress(ValueError):
                 iterator.close()
         with self._lock:
-            pool, self._executor = self._executor, None
-        if pool is not None:
-            pool.shutdown(wait=True, cancel_futures=True)
+            reading, self._reading = self._reading, None
+        if reading is not None:
+            reading.close()
         self.cache.release()

@@ -158,8 +158,8 @@ class TorchvisionLoader(Loader):
         )
         self._decoded_by: dict[str, int] = {}  # the delivered batches' images, by library
 
-    def set_epoch(self, epoch: int, start_batch: int = 0) -> None:
-        super().set_epoch(epoch, start_batch)
+    def set_epoch(self, epoch: int, start_batch: int = 0, *, next_epoch: bool = False) -> None:
+        super().set_epoch(epoch, start_batch, next_epoch=next_epoch)
         self.sampler.set_epoch(epoch, start_batch)
 
     def queue_depth(self) -> int:
