@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 ARGS ?=
 
 .PHONY: help install train eval test test-fast test-audit test-peers data lint format peers bench \
-	report bench-scale clean clean-cache gpu-kit
+	report profile bench-scale clean clean-cache gpu-kit
 
 help: ## this list
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z-]+:.*## / {printf "  make %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -93,6 +93,10 @@ bench: peers ## measure the benchmark and render bench/report.{json,md,png}
 # runs the tests of the quick bench and of FFCV's stores with them.
 test-peers: peers ## the benchmark's tests with DALI and FFCV installed (their rows run)
 	$(PYTEST) tests/test_bench.py tests/test_bench_ffcv.py $(ARGS)
+
+# A sampling profile (py-spy) of a model=none run's loader threads: profile/profile.{txt,md}.
+profile: install ## where a loader's hot path spends its time: make profile ARGS='loader=memmap ...'
+	$(PY) -m loaderbench.bench.profile $(ARGS)
 
 report: install ## draw bench/report.md and report.png from bench/report.json, measuring nothing
 	$(PY) -m loaderbench.bench.render $(ARGS)

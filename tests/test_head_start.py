@@ -131,6 +131,23 @@ def test_the_window_opens_after_the_warm_up_and_the_head_start() -> None:
     assert meter.measured[since:] == [False, False, True, True]
 
 
+def test_a_later_loop_that_found_batches_read_ahead_opens_where_the_queue_runs_dry() -> None:
+    """A loader reading ahead into the next epoch (memmap's reading threads): 4 batches ready
+    at the loop's start, and while the loop takes them the loader refills its queue, so 3 more
+    are ready too; counting them would credit batches made before the window. The window
+    opens at the first batch the loop waits for."""
+    clock = FakeClock()
+    meter = LoopMeter(1, clock=clock)
+    for _ in meter.iterate(QueuedLoader(clock, [3.0] + [1.0] * 6, depth=4)):
+        clock.now += 0.01
+    since = meter.batches
+    waits = [0.0] * 7 + [1.0] * 5
+    for _ in meter.iterate(QueuedLoader(clock, waits, depth=4, ready=4)):
+        clock.now += 0.01
+    assert meter.measured[since:] == [False] * 7 + [True] * 5
+    assert loop_metrics(meter, 0.0, since)["images_per_s"] == pytest.approx(4 / 1.01)
+
+
 def test_a_queue_deeper_than_the_run_reports_the_end_to_end_rate() -> None:
     clock = FakeClock()
     meter = LoopMeter(warmup_batches=1, clock=clock)

@@ -13,6 +13,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
+from loaderbench import batch_resize
 from loaderbench.config import DatasetConfig
 from loaderbench.data import DatasetIndex, Split, discover
 from loaderbench.loaders import build_loader
@@ -198,6 +199,17 @@ def test_crops_resized_in_place_are_the_per_image_references_to_the_pixel() -> N
     assert torch.equal(unflipped[1::2], out[1::2])
     assert torch.equal(unflipped[::2].flip(-1), out[::2])
     assert not torch.equal(unflipped[::2], out[::2])
+    # The batch loops run in TorchScript here (no GIL); in Python where it cannot compile, with
+    # the same pixels.
+    assert batch_resize.scripted_available()
+    index, mirror = torch.tensor(indices), flips.clone()
+    for scripted in (True, False):
+        out.zero_()
+        batch_resize.resize_rows_into(rows, index, boxes, mirror, out, scripted=scripted)
+        assert torch.equal(out, expected)
+        out.zero_()
+        batch_resize.resize_images_into(planar, boxes, mirror, out, scripted=scripted)
+        assert torch.equal(out, expected)
 
 
 def test_a_raw_train_batch_is_each_stored_images_reference_crop(

@@ -25,7 +25,10 @@ loop that never waits has a loader ahead of it throughout; its window counts whe
 ``AHEAD_WINDOW_DEPTHS`` queue depths (at most a twentieth credited). A later loop
 (epoch) opens its window at once, its first batch's wait included, as the loader starts it
 empty; where a loader keeps working between loops (a persistent SPDL pipeline decodes the next
-epoch during validation: ``queued_at_start``) that loop skips those batches too. A queue deeper
+epoch during validation, memmap's reading threads read its first batches ahead:
+``queued_at_start``) that loop skips those batches too, and, as the first loop, opens its
+window only where the queue first runs dry (the loader refills it while the loop takes the
+ready batches). A queue deeper
 than the run leaves no batch to measure: the window then spans every loop that has one (the
 next epochs), and where none has, ``images_per_s`` is the end-to-end rate (``steady_batches``
 is 0). Producing the queue cannot be charged instead: the loop never sees when a batch was made.
@@ -119,7 +122,10 @@ class LoopMeter:
         clock, sync, edge = self.clock, self.sync, self.window_sync
         opens = self.window_opens_at(loader)
         first_batch = len(self.intervals)
-        depth = head_start(loader)[0] if self.warmup_left is None else 0
+        # The first loop, and a later one that finds batches made before it began (a loader
+        # working across epochs), settle their window where the queue first ran dry.
+        queue, ready = head_start(loader)
+        depth = queue if self.warmup_left is None or ready > 0 else 0
         epoch_start = clock()
         iterator = iter(loader)
         setup = clock() - epoch_start

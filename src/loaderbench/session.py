@@ -31,6 +31,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from loaderbench import __version__, distributed
 from loaderbench.config import BenchConfig, DatasetConfig, LoggerConfig, RunConfig
+from loaderbench.crops import CROP_STREAM
 from loaderbench.data import DatasetIndex, discover, resolve_path
 from loaderbench.decoded_by import fallback_warning
 from loaderbench.distributed import DistInfo
@@ -297,6 +298,7 @@ def base_metrics(composed: dict[str, Any], task: str) -> dict[str, Any]:
         "prefetch": loader["prefetch"],
         "image_size": composed["image_size"],
         "seed": composed["seed"],
+        "crop_stream": CROP_STREAM,  # which train crops a (seed, epoch, image) gets
         "skipped_files": 0,
         "version": __version__,
     }

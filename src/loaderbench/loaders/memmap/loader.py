@@ -11,18 +11,20 @@ relied on and faster:
   per field) and steadier than ``torch.index_select``, whose intra-op threads stall when the
   cores are busy (docs/measurements.md, "memmap: the gather");
 * ``num_workers`` threads prepare ``prefetch`` batches ahead (in total), so reading overlaps
-  the model's step (the gather and the resize release the GIL); 0 reads in the caller;
+  the model's step (the gather and the resize release the GIL); 0 reads in the caller. The
+  threads serve the whole run and read ahead into the next epoch (``reading``);
 * train batches get a random-resized crop (a different box per image, sampled inside each
   image's true size) and a flip, where the batch is. On the CPU nothing is gathered: the
   reading threads resize each box straight from its memory-mapped row into the batch (uint8,
-  channels-last NCHW; ``crop_resize_flip_rows``), so only the boxes' lines are read, at the
-  cost of the resize itself (the crop-and-resize limit, ``loaderbench.bench.limits``). On CUDA
+  channels-last NCHW; ``crop_resize_flip_rows``: the batch in one call that holds no GIL), so
+  only the boxes' lines are read, at the cost of the resize itself (the crop-and-resize limit,
+  ``loaderbench.bench.limits``). On CUDA
   the reading thread gathers the rows, copies them pinned and non-blocking and crops the whole
   batch in a few kernels (``crop_resize_flip_sampled``: roi_align, not the CPU's antialiased
   resize; its docstring gives the difference), all on the thread's own stream
   (``device_work``). Val batches are stored exactly as the reference pipeline makes them and
   need nothing but the gather (and, on CUDA, the thread's copy);
-* a ``store=jpeg`` batch is decoded image by image in the reading threads on the CPU, or on
+* a ``store=jpeg`` batch is decoded by one batched call in the reading threads on the CPU, or on
   CUDA by each reading thread's own batched nvJPEG decoder (``loaderbench.decode``, the spdl
   loader's decoder) and cropped on the thread's stream. A train image's box is drawn in the
   stored image's coordinates before

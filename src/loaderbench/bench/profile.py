@@ -1,0 +1,153 @@
+"""Where a loader's hot path spends its time: a sampling profile of a ``model=none`` run.
+
+``python -m loaderbench.bench.profile [--threads PREFIX] [--out DIR] -- OVERRIDES...`` (or
+``make profile ARGS='...'``) runs ``train.py model=none logger=none OVERRIDES`` (``--task val``:
+``eval.py``) under py-spy, which samples every thread's Python stack ``--rate`` times a second
+from outside the process (no instrumentation, so the run's speed is the run's), and writes:
+
+* ``DIR/profile.txt``: the samples as collapsed stacks (``thread;frame;frame count``), which
+  flame graph tools read (``speedscope``, ``flamegraph.pl``, ``py-spy``'s own ``--format``);
+* ``DIR/profile.md``: the loader threads' top entries, by self time (the frame sampled) and
+  by total time (the frame or anything it called), as a share of those threads' samples.
+
+The loader's threads are found by name: ``memmap-loader`` (memmap's reading threads) and
+``loaderbench_spdl_decode`` (the spdl loader's decoding pool); torchvision's workers are
+processes (``--subprocesses`` samples them; ``--threads MainThread`` then counts their main
+threads, the parent's too).
+Start-up (imports, a cache build) runs in the main thread, so the loader threads' samples are
+the hot path. ``--idle`` keeps the samples of threads waiting (for work, a lock, the GIL), to
+show how much of the time they wait; without it only running samples count. ``--native`` adds
+the C/C++ frames under each Python one (inside a TorchScript loop, which Python sees as one
+frame: the resize kernel, the flip).
+
+docs/benchmark.md ("Profiling a loader") shows a profile before and after issue 32's work.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import shutil
+import subprocess
+import sys
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[3]
+DEFAULT_THREADS = ("memmap-loader", "loaderbench_spdl_decode")
+# py-spy's frame: "function (path/to/module.py:123)"; the line number varies within a function.
+_FRAME = re.compile(r"^(?P<name>.*?) \((?P<file>[^():]+)(?::\d+)?\)$")
+
+
+@dataclass(frozen=True)
+class Profile:
+    """The loader threads' samples, as counts per frame."""
+
+    samples: int
+    self_counts: Counter[str]
+    total_counts: Counter[str]
+
+    def top(self, counts: Counter[str], n: int) -> list[tuple[str, float]]:
+        return [(frame, 100.0 * c / max(1, self.samples)) for frame, c in counts.most_common(n)]
+
+
+def frame_name(frame: str) -> str:
+    """``function (module.py)``: the frame without its line number, its path from the package
+    (``loaderbench/...``, ``torch/...``) rather than the disk's."""
+    match = _FRAME.match(frame)
+    if match is None:
+        return frame
+    path = match["file"]
+    for root in ("site-packages/", "src/", "lib/python3"):
+        if root in path:
+            path = path.split(root, 1)[1]
+    return f"{match['name']} ({path.split('/', 1)[-1] if path.startswith('.') else path})"
+
+
+def summarise(lines: Iterable[str], threads: Sequence[str]) -> Profile:
+    """The samples of the threads whose name starts with one of ``threads``, from py-spy's
+    raw (collapsed) output: ``thread (tid): name;frame;...;frame count`` a line."""
+    samples, self_counts, total_counts = 0, Counter[str](), Counter[str]()
+    for line in lines:
+        stack, _, count_text = line.rstrip("\n").rpartition(" ")
+        if not stack or not count_text.isdigit():
+            continue
+        head, *frames = stack.split(";")
+        name = head.split(": ", 1)[-1]
+        if not any(name.startswith(prefix) for prefix in threads):
+            continue
+        count = int(count_text)
+        samples += count
+        names = [frame_name(frame) for frame in frames] or ["(no Python frame: native code)"]
+        self_counts[names[-1]] += count
+        for frame in set(names):
+            total_counts[frame] += count
+    return Profile(samples, self_counts, total_counts)
+
+
+def render(profile: Profile, title: str, n: int = 15) -> str:
+    """The top ``n`` entries by self and by total time, as markdown."""
+    lines = [f"# {title}", "", f"{profile.samples} samples of the loader threads.", ""]
+    for label, counts in (("self", profile.self_counts), ("total", profile.total_counts)):
+        lines += [f"| {label} % | frame |", "|---:|---|"]
+        lines += [f"| {share:.1f} | `{frame}` |" for frame, share in profile.top(counts, n)]
+        lines.append("")
+    return "\n".join(lines)
+
+
+def py_spy() -> str:
+    """The py-spy executable beside this interpreter, or on PATH."""
+    beside = Path(sys.executable).with_name("py-spy")
+    found = str(beside) if beside.exists() else shutil.which("py-spy")
+    if found is None:
+        raise SystemExit("py-spy is not installed: make install (or pip install py-spy)")
+    return found
+
+
+def record_command(args: argparse.Namespace, raw: Path) -> list[str]:
+    script = "eval.py" if args.task == "val" else "train.py"
+    run = [sys.executable, str(REPO / script), "model=none", "logger=none", *args.overrides]
+    run.append(f"hydra.run.dir={args.out / 'run'}")
+    spy = [py_spy(), "record", "--threads", "-r", str(args.rate), "-f", "raw", "-o", str(raw)]
+    spy += ["--idle"] * args.idle + ["--subprocesses"] * args.subprocesses
+    spy += ["--native"] * args.native
+    return [*spy, "--", *run]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=Path("profile"))
+    parser.add_argument("--task", choices=("train", "val"), default="train")
+    parser.add_argument("--threads", nargs="+", default=list(DEFAULT_THREADS))
+    parser.add_argument("--rate", type=int, default=250, help="samples per second")
+    parser.add_argument("--top", type=int, default=15)
+    parser.add_argument("--idle", action="store_true", help="keep waiting threads' samples")
+    parser.add_argument("--subprocesses", action="store_true", help="sample worker processes")
+    parser.add_argument("--native", action="store_true", help="C/C++ frames too (slower)")
+    parser.add_argument(
+        "--summarise", type=Path, default=None, help="only summarise this profile.txt"
+    )
+    parser.add_argument("overrides", nargs="*", help="train.py / eval.py overrides")
+    args = parser.parse_args(argv)
+    args.out = args.out.absolute()
+    raw = args.summarise or args.out / "profile.txt"
+    if args.summarise is None:
+        args.out.mkdir(parents=True, exist_ok=True)
+        command = record_command(args, raw)
+        print("+", " ".join(command), flush=True)
+        subprocess.run(command, check=True)
+    with open(raw) as f:
+        profile = summarise(f, args.threads)
+    if profile.samples == 0:
+        raise SystemExit(f"{raw}: no samples of threads named {', '.join(args.threads)}*")
+    text = render(profile, f"Profile of {' '.join(args.overrides) or raw}", args.top)
+    if args.summarise is None:
+        (args.out / "profile.md").write_text(text + "\n")
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
