@@ -14,7 +14,6 @@ import pytest
 import torch
 from PIL import Image
 
-from loaderbench.loaders import build_loader, loader_names
 from loaderbench.crops import (
     CROP_STREAM,
     RRC_RATIO,
@@ -23,6 +22,7 @@ from loaderbench.crops import (
     random_crops,
     seeded_crops,
 )
+from loaderbench.loaders import build_loader, loader_names
 from tests.conftest import cpu_spec, folder_index, loader_folders
 
 SIZE = 16

@@ -142,6 +142,28 @@ def test_process_tree_counts_children_cpu_and_memory() -> None:
     assert monitor.peak_rss_bytes < own + 600 * 2**20  # the child's pages once, not per sample
 
 
+def test_process_tree_finds_grandchildren_as_psutils_scan_does() -> None:
+    """The tree is read from each process's children files; a grandchild (a DataLoader worker
+    of a worker, a decoder's helper) is in it, as in psutil's scan of every process."""
+    grandchild = "import time; time.sleep(30)"
+    child_code = (
+        "import subprocess, sys\n"
+        f"p = subprocess.Popen([sys.executable, '-c', {grandchild!r}])\n"
+        "print(p.pid, flush=True)\nsys.stdin.readline()\np.kill()\n"
+    )
+    child = subprocess.Popen(
+        [sys.executable, "-c", child_code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        grandchild_pid = int(child.stdout.readline())
+        monitor = ProcessTreeMonitor()
+        found = {proc.pid for proc in monitor._descendants()}
+        assert found == {child.pid, grandchild_pid}
+        assert found == {proc.pid for proc in psutil.Process().children(recursive=True)}
+    finally:
+        child.communicate("go\n", timeout=30)
+
+
 def test_cpu_window_excludes_time_outside() -> None:
     with ProcessTreeMonitor(interval_s=0.05) as monitor:
         window = CpuWindow(monitor)
