@@ -120,7 +120,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("profile"))
     parser.add_argument("--task", choices=("train", "val"), default="train")
-    parser.add_argument("--threads", nargs="+", default=list(DEFAULT_THREADS))
+    parser.add_argument(
+        "--threads",
+        default=",".join(DEFAULT_THREADS),
+        help="comma-separated prefixes of the thread names to summarise",
+    )
     parser.add_argument("--rate", type=int, default=250, help="samples per second")
     parser.add_argument("--top", type=int, default=15)
     parser.add_argument("--idle", action="store_true", help="keep waiting threads' samples")
@@ -138,10 +142,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         command = record_command(args, raw)
         print("+", " ".join(command), flush=True)
         subprocess.run(command, check=True)
+    threads = [prefix for prefix in args.threads.split(",") if prefix]
     with open(raw) as f:
-        profile = summarise(f, args.threads)
+        profile = summarise(f, threads)
     if profile.samples == 0:
-        raise SystemExit(f"{raw}: no samples of threads named {', '.join(args.threads)}*")
+        raise SystemExit(f"{raw}: no samples of threads named {', '.join(threads)}*")
     text = render(profile, f"Profile of {' '.join(args.overrides) or raw}", args.top)
     if args.summarise is None:
         (args.out / "profile.md").write_text(text + "\n")
