@@ -368,7 +368,10 @@ class MemmapLoader(Loader):
             return
         reading = self._reading_threads()
         from_start = self.start_batch == 0
-        for indices, gathered in reading.iterate(epoch, batches, from_start, self.next_epoch):
+        # Train epochs read ahead into the next one; a val pass is one pass (an evaluation, or
+        # between train epochs) whose few batches a read ahead would mostly make before it.
+        ahead = self.next_epoch and self.spec.train
+        for indices, gathered in reading.iterate(epoch, batches, from_start, ahead):
             self._account(indices)
             self.position += 1
             if gathered is not None:
