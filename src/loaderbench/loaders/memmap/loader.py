@@ -351,7 +351,11 @@ class MemmapLoader(Loader):
                 self.skip_unreadable(index, self._errors[index])
 
     def __iter__(self) -> Iterator[Batch]:
-        batches = self.spec.epoch_batches(self.epoch, self.start_batch)
+        reading, batches = self._reading, None
+        if reading is not None and self.start_batch == 0:  # the order read ahead, not again
+            batches = reading.order_read_ahead(self.epoch)
+        if batches is None:
+            batches = self.spec.epoch_batches(self.epoch, self.start_batch)
         self.position = self.start_batch
         iterator = self._iterate(self.epoch, batches)
         self._live.add(iterator)

@@ -112,6 +112,11 @@ class ReadingThreads(Generic[T]):
         for indices in ahead.batches[done : done + max(0, room)]:
             ahead.submitted.append((indices, self._pool.submit(self._read, epoch, indices)))
 
+    def order_read_ahead(self, epoch: int) -> list[torch.Tensor] | None:
+        """``epoch``'s batches, where this pool has read ahead into it (computed once)."""
+        ahead = self._ahead
+        return ahead.batches if ahead is not None and ahead.epoch == epoch else None
+
     def ahead_of(self, epoch: int) -> int:
         """How many of ``epoch``'s first batches are read ahead (done or under way)."""
         ahead = self._ahead
