@@ -189,8 +189,11 @@ def test_the_crop_limit_is_the_train_crop_of_stored_rows(bench: dict[str, Any]) 
     crop = bench["json"]["crop_limit"]
     assert crop["job"] == "train crop + resize + flip"
     assert crop["title"] == "crop-and-resize limit"
-    assert {r["name"] for r in crop["rates"]} == {"torch-into-batch", "torch-new-tensor"}
+    ways = {"batch-loop", "torch-into-batch", "torch-new-tensor"}
+    assert {r["name"] for r in crop["rates"]} == ways
     assert {r["images"] for r in crop["rates"]} == {96} and crop["pool"]["images"] == 96
+    # The pool runs the loader's own way (a batch a call, no GIL), whichever way was fastest.
+    assert crop["pool"]["name"] == f"batch-loop x {crop['cores']} threads"
     best = max(crop["rates"], key=lambda r: r["images_per_s"])
     assert crop["best"] == best["name"] and best["images_per_s"] > 0
     assert crop["limit_images_per_s"] == pytest.approx(crop["cores"] * best["images_per_s"])
@@ -203,7 +206,7 @@ def test_the_crop_limits_ways_do_the_same_work(tmp_path: Path) -> None:
     pipeline's box, resize and flip (the limit compares ways of doing one job)."""
     from PIL import Image
 
-    from loaderbench.bench.limits import crop_candidates, stored_crops
+    from loaderbench.bench.crop_limit import crop_candidates, stored_crops
 
     generator = torch.Generator().manual_seed(0)
     paths = []
@@ -218,10 +221,14 @@ def test_the_crop_limits_ways_do_the_same_work(tmp_path: Path) -> None:
     assert 0 < sum(crops.flips) < 5
     ways = crop_candidates(crops, paths, 64)
     unflipped = crop_candidates(crops, paths, 64, flips=False)
-    for path, flip in zip(paths, crops.flips, strict=True):
-        made = {name: fn(path).clone() for name, fn in ways.items()}
+    assert getattr(ways["batch-loop"], "batched", False)  # a batch of paths a call
+    batch = ways["batch-loop"](paths).clone()
+    assert batch.shape == (5, 3, 64, 64)
+    for i, (path, flip) in enumerate(zip(paths, crops.flips, strict=True)):
+        made = {name: fn(path).clone() for name, fn in ways.items() if name != "batch-loop"}
         assert made["torch-into-batch"].shape[-3:] == (3, 64, 64)
         assert torch.equal(made["torch-into-batch"].squeeze(0), made["torch-new-tensor"])
+        assert torch.equal(batch[i], made["torch-new-tensor"])
         plain = unflipped["torch-into-batch"](path).squeeze(0)
         assert torch.equal(plain.flip(-1) if flip else plain, made["torch-new-tensor"])
 

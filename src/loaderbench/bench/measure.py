@@ -40,9 +40,9 @@ from pathlib import Path
 
 import torch
 
+from loaderbench.bench.crop_limit import measure_crop_limit
 from loaderbench.bench.limits import (
     DecodeLimit,
-    measure_crop_limit,
     measure_decode_limit,
     measure_region_decode_limit,
     usable_cores,
