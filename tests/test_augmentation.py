@@ -1,8 +1,9 @@
 """One way to seed augmentation: every loader draws an image's crop and flip from (seed, epoch,
-image) alone, with a generator of its own, and never touches the global RNG. Every loader's
-crops against the reference's are the loader contract's (tests/test_loader_contract.py); here
-how near every loader's crops come to one another, and the three kernels known here (PIL's
-filter, the shared uint8 kernel from stored pixels and from decoded regions) to each other."""
+image) alone (crop stream 2, ``loaderbench.crops``), and never touches the global RNG. Every
+loader's crops against the reference's are the loader contract's
+(tests/test_loader_contract.py); here how near every loader's crops come to one another, and
+the three kernels known here (PIL's filter, the shared uint8 kernel from stored pixels and from
+decoded regions) to each other."""
 
 from __future__ import annotations
 

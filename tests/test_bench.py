@@ -192,8 +192,9 @@ def test_the_crop_limit_is_the_train_crop_of_stored_rows(bench: dict[str, Any]) 
     ways = {"batch-loop", "torch-into-batch", "torch-new-tensor"}
     assert {r["name"] for r in crop["rates"]} == ways
     assert {r["images"] for r in crop["rates"]} == {96} and crop["pool"]["images"] == 96
-    # The pool runs the loader's own way (a batch a call, no GIL), whichever way was fastest.
-    assert crop["pool"]["name"] == f"batch-loop x {crop['cores']} threads"
+    # The pool: the faster of the best way's and the loader's own (a batch a call, no GIL).
+    pools = {f"{way} x {crop['cores']} threads" for way in (crop["best"], "batch-loop")}
+    assert crop["pool"]["name"] in pools
     best = max(crop["rates"], key=lambda r: r["images_per_s"])
     assert crop["best"] == best["name"] and best["images_per_s"] > 0
     assert crop["limit_images_per_s"] == pytest.approx(crop["cores"] * best["images_per_s"])

@@ -292,7 +292,7 @@ def test_sigterm_while_a_checkpoint_is_written_leaves_it_whole_and_no_tmp(tmp_pa
 def test_a_requeue_whose_scontrol_the_requeue_killed_ends_the_job_without_a_result() -> None:
     """submitit's handler raises when ``scontrol requeue`` dies of the SIGTERM its own requeue
     sent (CI saw it): the run ends as after a requeue (SystemExit, no error result for the
-    submitter), while a refused requeue (exit status 1) still raises."""
+    submitter), while a refused requeue (exit status 1) or another kill still raises."""
     from loaderbench import stopping
 
     def killed_by_the_requeue(signum: int, frame: object) -> None:
@@ -301,13 +301,17 @@ def test_a_requeue_whose_scontrol_the_requeue_killed_ends_the_job_without_a_resu
     def refused(signum: int, frame: object) -> None:
         raise subprocess.CalledProcessError(1, ["scontrol", "requeue", "7"])
 
+    def killed_otherwise(signum: int, frame: object) -> None:
+        raise subprocess.CalledProcessError(-signal.SIGKILL, ["scontrol", "requeue", "7"])
+
     before = stopping._handler_before
     try:
         stopping._handler_before = killed_by_the_requeue
         with pytest.raises(SystemExit):
             stopping.requeue()
-        stopping._handler_before = refused
-        with pytest.raises(subprocess.CalledProcessError):
-            stopping.requeue()
+        for handler in (refused, killed_otherwise):  # not known to have requeued: raised
+            stopping._handler_before = handler
+            with pytest.raises(subprocess.CalledProcessError):
+                stopping.requeue()
     finally:
         stopping._handler_before = before

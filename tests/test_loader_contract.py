@@ -273,7 +273,7 @@ def test_an_epoch_resumes_from_its_position(variant, contract_root: Path, folder
 
 def test_an_epoch_leaves_the_global_rng_alone(variant, contract_root: Path, folders: Path) -> None:
     """Read in this process (no workers), a train epoch draws nothing from torch's global RNG:
-    augmentation comes from each image's own generator."""
+    augmentation comes from (seed, epoch, image) alone."""
     train = folder_index(contract_root).train
     spec = make_spec(variant, train, True, folders, num_workers=0)
     torch.manual_seed(123)

@@ -406,3 +406,21 @@ def test_batches_read_ahead_into_the_next_epoch_are_that_epochs_and_only_served_
     finally:
         plain.close()
         ahead.close()
+
+
+def test_a_stored_jpeg_that_does_not_decode_is_named_with_its_source_file(
+    tiny_root: Path, tmp_path: Path
+) -> None:
+    """The build admitted and encoded every stored JPEG, so one that fails now is a damaged
+    cache: the error names the cache, the stored image and the file it came from."""
+    index = index_of(tiny_root)
+    loader = make_loader(index.train, tmp_path, train=True, store="jpeg", num_workers=0)
+    try:
+        decoded = [torch.zeros(3, 4, 4, dtype=torch.uint8), OSError("broken data")]
+        with pytest.raises(OSError) as raised:
+            loader._whole(decoded, torch.tensor([0, 5]))
+        message = str(raised.value)
+        assert str(loader.cache.path) in message and "stored image 5" in message
+        assert index.train.paths[5] in message and "broken data" in message
+    finally:
+        loader.close()

@@ -147,11 +147,12 @@ def requeue() -> bool:
     try:
         handler(PREEMPT_SIGNAL, None)
     except subprocess.CalledProcessError as error:
-        # ``scontrol requeue`` is a process of the job it requeues: SLURM may stop the job
-        # (SIGTERM to every process of the step) before scontrol has exited. Killed by a
-        # signal, it has done its work; ending here as submitit does after a requeue (no
-        # result written) lets the requeued job finish the run instead of reporting a failure.
-        if error.returncode >= 0:
+        # ``scontrol requeue`` is a process of the job it requeues: SLURM stops the job (SIGTERM
+        # to every process of the step) as it requeues it, maybe before scontrol has exited.
+        # Killed by that SIGTERM, it has done its work (or the job was cancelled meanwhile):
+        # ending here as submitit does after a requeue (no result written) lets the requeued
+        # job finish the run instead of reporting a failure. Any other end still raises.
+        if error.returncode != -signal.SIGTERM:
             raise
         sys.exit(-1)
     return True

@@ -4,8 +4,8 @@ Its work per image is cutting the box from the stored row, resizing it and flipp
 decoded as the store keeps them, with the boxes and flips every loader draws; measured as the
 decode limits are (``loaderbench.bench.limits``: one thread x cores, and a plain pool). Its
 candidates include the loader's own way (a batch's boxes in one call that holds no GIL), and
-its plain pool runs that way: a pool of one Python call an image measures the GIL more than
-the cores.
+its plain pool is the faster of the best way's and that way's: a pool of one Python call an
+image measures the GIL more than the cores.
 """
 
 from __future__ import annotations

@@ -20,7 +20,9 @@ show how much of the time they wait; without it only running samples count. ``--
 the C/C++ frames under each Python one (inside a TorchScript loop, which Python sees as one
 frame: the resize kernel, the flip).
 
-docs/benchmark.md ("Profiling a loader") shows a profile before and after issue 32's work.
+A first run (``bench.epochs=1``, not profiled; ``--no-warmup`` skips it) builds what the run
+needs once (a memmap cache) and warms the page cache. docs/benchmark.md ("Profiling a loader")
+says how to use it; docs/measurements.md shows memmap's profile before and after issue 32.
 """
 
 from __future__ import annotations
@@ -106,10 +108,17 @@ def py_spy() -> str:
     return found
 
 
-def record_command(args: argparse.Namespace, raw: Path) -> list[str]:
+def run_command(args: argparse.Namespace, folder: str, *more: str) -> list[str]:
+    """The run's command; ``more`` overrides replace the user's of the same keys."""
     script = "eval.py" if args.task == "val" else "train.py"
-    run = [sys.executable, str(REPO / script), "model=none", "logger=none", *args.overrides]
-    run.append(f"hydra.run.dir={args.out / 'run'}")
+    replaced = {override.split("=", 1)[0] for override in more}
+    kept = [o for o in args.overrides if o.split("=", 1)[0].lstrip("+") not in replaced]
+    run = [sys.executable, str(REPO / script), "model=none", "logger=none", *kept]
+    return [*run, *more, f"hydra.run.dir={args.out / folder}"]
+
+
+def record_command(args: argparse.Namespace, raw: Path) -> list[str]:
+    run = run_command(args, "run")
     spy = [py_spy(), "record", "--threads", "-r", str(args.rate), "-f", "raw", "-o", str(raw)]
     spy += ["--idle"] * args.idle + ["--subprocesses"] * args.subprocesses
     spy += ["--native"] * args.native
@@ -131,6 +140,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--subprocesses", action="store_true", help="sample worker processes")
     parser.add_argument("--native", action="store_true", help="C/C++ frames too (slower)")
     parser.add_argument(
+        "--no-warmup", action="store_true", help="profile the first run (a cache build too)"
+    )
+    parser.add_argument(
         "--summarise", type=Path, default=None, help="only summarise this profile.txt"
     )
     parser.add_argument("overrides", nargs="*", help="train.py / eval.py overrides")
@@ -139,6 +151,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     raw = args.summarise or args.out / "profile.txt"
     if args.summarise is None:
         args.out.mkdir(parents=True, exist_ok=True)
+        if not args.no_warmup:
+            # A first pass builds what the run needs once (a memmap cache) and warms the page
+            # cache, so the profile is of the hot path; and py-spy names a thread by its id,
+            # which a new thread may take over from a finished one (the build's), hiding the
+            # loader's threads under another name.
+            warmup = run_command(args, "warmup", "bench.epochs=1")
+            print("+", " ".join(warmup), flush=True)
+            subprocess.run(warmup, check=True, stdout=subprocess.DEVNULL)
         command = record_command(args, raw)
         print("+", " ".join(command), flush=True)
         subprocess.run(command, check=True)

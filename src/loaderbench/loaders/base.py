@@ -113,10 +113,14 @@ class LoaderSpec:
         return list(torch.split(mine, self.batch_size)) if len(mine) else []
 
     def random_crops(
-        self, heights: Sizes, widths: Sizes, epoch: int, indices: Sequence[int]
+        self,
+        heights: Sizes,
+        widths: Sizes,
+        epoch: int,
+        indices: Sequence[int] | torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Boxes ``(top, left, h, w)`` and flips of images ``indices``, of these sizes, in
-        ``epoch``: each image's from its own generator (``transforms.seeded_crops``)."""
+        ``epoch``: each image's from (seed, epoch, image) alone (``crops.seeded_crops``)."""
         return seeded_crops(
             heights, widths, self.seed, epoch, indices, self.rrc_scale, self.rrc_ratio
         )

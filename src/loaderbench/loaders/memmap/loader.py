@@ -48,6 +48,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from loaderbench.batch_resize import warm_up
 from loaderbench.buffers import BufferPool, pool_stats
 from loaderbench.data import resolve_path
 from loaderbench.decode import (
@@ -189,6 +190,8 @@ class MemmapLoader(Loader):
         self._threads = ThreadStreams(spec.device, jpeg=self._decode_on_device, what=what)
         if self._jpeg:  # the backend chosen now, not by the first reading thread
             self._jpeg_stats()
+        if spec.train and spec.device.type == "cpu":  # the crop loops compiled now, too
+            warm_up()
 
     @classmethod
     def prepare(cls, spec: LoaderSpec) -> dict[str, Any]:
@@ -280,19 +283,23 @@ class MemmapLoader(Loader):
         encoded = [self._plain_bytes[start:stop] for start, stop in spans]
         if self._decode_on_device:  # decoded where the batch goes, by this thread's decoder
             encoded = [data.clone() for data in encoded]
-            return self._decode_on_thread_stream(encoded, labels, boxes, flips)
+            return self._decode_on_thread_stream(encoded, indices, labels, boxes, flips)
         # The store's own JPEGs, which the build encoded: no admission parse (``admitted``),
         # and the batch in one call (as fast as one a file, and one GIL release).
         decoded = decode_batch(encoded, CPU, _regions(boxes, len(spans)), admitted=True)
         out = self._crop_pool.take(len(decoded)).permute(0, 3, 1, 2)
-        return _Gathered(self._finish(self._whole(decoded), boxes, flips, out), labels)
+        images = self._whole(decoded, indices)
+        return _Gathered(self._finish(images, boxes, flips, out), labels)
 
-    def _whole(self, decoded: list[Decoded]) -> list[torch.Tensor]:
+    def _whole(self, decoded: list[Decoded], indices: torch.Tensor) -> list[torch.Tensor]:
         """The decoded images of a batch; the cache was built from images that decoded, so
-        one that fails now is a damaged cache, named."""
-        for image in decoded:
+        one that fails now is a damaged cache, named with the image and its source file."""
+        for image, index in zip(decoded, indices.tolist(), strict=True):
             if isinstance(image, BaseException):
-                raise OSError(f"memmap cache {self.cache.path}: {image}") from image
+                raise OSError(
+                    f"memmap cache {self.cache.path}: stored image {index} (from "
+                    f"{self.spec.split.paths[index]}) does not decode: {image}"
+                ) from image
         return decoded  # type: ignore[return-value]
 
     def _finish(
@@ -313,6 +320,7 @@ class MemmapLoader(Loader):
     def _decode_on_thread_stream(
         self,
         encoded: list[torch.Tensor],
+        indices: torch.Tensor,
         labels: torch.Tensor,
         boxes: torch.Tensor | None,
         flips: torch.Tensor | None,
@@ -323,7 +331,7 @@ class MemmapLoader(Loader):
 
         def finish(decoded: list[Decoded]) -> torch.Tensor:
             out = torch.empty((len(decoded), 3, size, size), dtype=torch.uint8, device=device)
-            return self._finish(self._whole(decoded), boxes, flips, out)
+            return self._finish(self._whole(decoded, indices), boxes, flips, out)
 
         regions = _regions(boxes, len(encoded))
         with self._threads.on_stream():

@@ -22,8 +22,8 @@ same for every decoder and equal to the torchvision reference.
   not the whole image: one resize instead of two, no float round trip, and a small box is
   taken from full-resolution pixels (as torchvision's RandomResizedCrop does) rather than
   upsampled from an already shrunken image. The sizes come from the JPEG headers before any
-  decoding, so a batch's boxes and flips are computed in one call, each image's from its own
-  generator seeded by (seed, epoch, index): reproducible whatever the thread timing, and the
+  decoding, so a batch's boxes and flips are computed in one call, each image's from (seed,
+  epoch, index) alone (``crops``): reproducible whatever the thread timing, and the
   same boxes as the other loaders draw for the same image.
 """
 
@@ -143,8 +143,8 @@ class Geometry:
         return plan(opened.height, opened.width, self.size)
 
     def plans(self, opened: Sequence[Opened]) -> list[Plan]:
-        """One plan per opened image; a train image's crop and flip come from its own
-        generator (``seeded_crops`` of the run's seed, the epoch and the image)."""
+        """One plan per opened image; a train image's crop and flip come from the run's seed,
+        the epoch and the image (``seeded_crops``)."""
         if not self.train:
             return [self.val_plan(o) for o in opened]
         if not opened:

@@ -4,8 +4,8 @@ Each worker opens, decodes (PIL) and transforms one image at a time, as torchvis
 references and the tensordict tutorial's "regular" loader do; batches are collated in the
 worker, pinned in the main process on CUDA and copied to the device without blocking.
 
-A train image's random-resized crop and flip come from its own generator, seeded by (seed,
-epoch, image) (``transforms.PilTrainTransform``, by ``seeded_crops`` as in every loader): the
+A train image's random-resized crop and flip are drawn from (seed, epoch, image) alone
+(``transforms.PilTrainTransform``, by ``seeded_crops`` as in every loader): the
 sampler hands each worker (index, epoch), so augmentation does not depend on which worker draws
 an image, and no worker (nor the main process, with ``num_workers=0``) touches the global RNG.
 """
