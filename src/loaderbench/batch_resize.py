@@ -93,9 +93,12 @@ _compile_lock = threading.Lock()
 def _loop(name: str, scripted: bool | None) -> Any:
     """The loop ``name`` compiled by TorchScript (once per process), or in Python where
     ``scripted`` is False or TorchScript cannot compile it here."""
-    python = {"rows": _rows_loop, "images": _images_loop}[name]
+    python = _rows_loop if name == "rows" else _images_loop
     if scripted is False:
         return python
+    compiled = _compiled.get(name)
+    if compiled is not None:  # every batch but the first: no lock taken
+        return compiled
     with _compile_lock:
         if name not in _compiled:
             try:
