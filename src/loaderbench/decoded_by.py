@@ -1,13 +1,17 @@
 """What decoded every image: a count per library, kept by each loader per batch.
 
 Each decode path names the library that produced an image's pixels (``note``) as it returns
-them: ``nvimgcodec``, ``torchcodec``, ``torchvision``, ``ffmpeg``, or ``pil`` (Pillow: the
-reference, and every fast decoder's fallback). A loader opens a ``counting`` scope around a
-batch's decoding, in whichever thread or worker process decodes it, and hands the batch's
-counts on with the batch, so the consumer adds them up with no lock per image and a count
-never outlives the batch it describes (a batch decoded ahead and never delivered is not
-counted). Outside a scope ``note`` does nothing: the backend probe's tiny JPEG, the benchmarks'
-own decodes.
+them: ``nvimgcodec:<engine>``, ``torchcodec``, ``torchvision``, ``ffmpeg``, or ``pil`` (Pillow:
+the reference, and every fast decoder's fallback). nvImageCodec's keys name its engine too, so
+a reader can tell where the Huffman decode ran: ``nvimgcodec:hardware`` (the GPU's JPEG engine),
+``nvimgcodec:cuda`` (nvJPEG's CUDA decoder, Huffman on the GPU), ``nvimgcodec:hybrid`` (the CUDA
+decoder with the Huffman decode on the CPU) and ``nvimgcodec:cpu`` (libjpeg-turbo).
+
+A loader opens a ``counting`` scope around a batch's decoding, in whichever thread or worker
+process decodes it, and hands the batch's counts on with the batch, so the consumer adds them
+up with no lock per image and a count never outlives the batch it describes (a batch decoded
+ahead and never delivered is not counted). Outside a scope ``note`` does nothing: the backend
+probe's tiny JPEG, the benchmarks' own decodes.
 
 metrics.json keeps the totals as ``loader_<split>_decoded_by``; ``fallback_warning`` says when
 more than ``FALLBACK_WARN_SHARE`` of the images were decoded by another library than the
@@ -66,6 +70,11 @@ def add(total: dict[str, int], more: Mapping[str, int] | None) -> dict[str, int]
     return total
 
 
+def library(key: str) -> str:
+    """The library a count's key names (``nvimgcodec:hardware`` -> ``nvimgcodec``)."""
+    return key.split(":", 1)[0]
+
+
 def fallback_warning(split: str, counts: Mapping[str, int], primary: str | None) -> str | None:
     """A line for the run's log when over ``FALLBACK_WARN_SHARE`` of ``split``'s images were
     decoded by a library other than ``primary`` (the loader's own), naming each and its share;
@@ -73,7 +82,7 @@ def fallback_warning(split: str, counts: Mapping[str, int], primary: str | None)
     decoded = sum(counts.values())
     if not decoded or primary is None:
         return None
-    others = {lib: n for lib, n in counts.items() if lib != primary and n}
+    others = {lib: n for lib, n in counts.items() if library(lib) != primary and n}
     if sum(others.values()) <= FALLBACK_WARN_SHARE * decoded:
         return None
     shares = ", ".join(
@@ -104,6 +113,7 @@ __all__ = [
     "add",
     "counting",
     "fallback_warning",
+    "library",
     "not_counted",
     "note",
     "summary_text",

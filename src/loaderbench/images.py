@@ -160,6 +160,13 @@ class JpegHeader(NamedTuple):
     height: int
     orientation: int | None  # the EXIF orientation tag (1 = as stored), None without one
     components: int = 3  # colour components: 1 grey, 3 YCbCr/RGB, 4 CMYK or YCCK (Adobe)
+    frame: int = 0xC0  # its start-of-frame marker: 0xC0 baseline, 0xC2 progressive, ...
+
+    @property
+    def sequential(self) -> bool:
+        """Baseline or extended sequential Huffman (SOF0, SOF1): what nvJPEG's hardware engine
+        and its GPU Huffman decoder take; a progressive JPEG's Huffman decode is the CPU's."""
+        return self.frame in (0xC0, 0xC1)
 
 
 def _exif_orientation(exif: bytes | memoryview) -> int | None:
@@ -210,7 +217,7 @@ def jpeg_header(data: bytes | memoryview) -> JpegHeader | None:
             height = (data[i + 5] << 8) | data[i + 6]
             width = (data[i + 7] << 8) | data[i + 8]
             components = data[i + 9] if i + 10 <= n else 0
-            return JpegHeader(width, height, orientation, components)
+            return JpegHeader(width, height, orientation, components, marker)
         i += 2 + length
     return None
 
@@ -232,6 +239,29 @@ def jpeg_ends(data: bytes | memoryview) -> bool:
     tail = bytes(data[-JPEG_TAIL_SCAN:])
     end = tail.rfind(b"\xff\xd9")  # what follows it is a trailer, unless it holds a scan
     return end >= 0 and tail.find(b"\xff\xda", end) < 0
+
+
+def headers_contiguous(data: bytes | memoryview) -> bool:
+    """Whether a JPEG's segments follow one another from its start to its first scan with no
+    byte between them (0xFF fill bytes aside). libjpeg skips stray bytes before a marker
+    ("Corrupt JPEG data: N extraneous bytes before marker") and decodes the image; nvJPEG's
+    parser does not skip them the same way, so such a file is PIL's (``fast_jpeg``). A header
+    that runs past what is given (``JPEG_HEADER_SCAN``) counts as not contiguous."""
+    n, i = len(data), 2
+    while i + 4 <= n:
+        if data[i] != 0xFF:
+            return False  # where a marker must start: bytes libjpeg would skip
+        marker = data[i + 1]
+        if marker == 0xFF:  # fill byte
+            i += 1
+            continue
+        if marker == 0xDA:  # the first scan: its entropy-coded data follows
+            return True
+        if marker in (0xD8, 0x01) or 0xD0 <= marker <= 0xD7:  # no length field
+            i += 2
+            continue
+        i += 2 + ((data[i + 2] << 8) | data[i + 3])
+    return False
 
 
 def fast_decodable(header: JpegHeader | None) -> bool:
@@ -269,13 +299,17 @@ def fast_jpeg(data: bytes | memoryview | np.ndarray) -> JpegHeader | None:
 
     A fast decoder takes a file that starts as a JPEG, whose frame header gives its size
     (``jpeg_header``), that ``fast_decodable`` lets through (no 4-component or EXIF-oriented
-    JPEG) and that ends with its end-of-image marker (``jpeg_ends``: Pillow refuses a cut
-    one, FFmpeg does not)."""
+    JPEG), whose segments follow one another with no stray bytes up to its first scan
+    (``headers_contiguous``: nvJPEG reads such a file's pixels otherwise than libjpeg) and that
+    ends with its end-of-image marker (``jpeg_ends``: Pillow refuses a cut one, FFmpeg does
+    not)."""
     view = memoryview(data).cast("B")
     if bytes(view[:3]) != JPEG_MAGIC:
         return None
-    header = jpeg_header(view[:JPEG_HEADER_SCAN])
-    return header if fast_decodable(header) and jpeg_ends(view) else None
+    head = view[:JPEG_HEADER_SCAN]
+    header = jpeg_header(head)
+    ok = fast_decodable(header) and headers_contiguous(head) and jpeg_ends(view)
+    return header if ok else None
 
 
 __all__ = [
@@ -286,6 +320,7 @@ __all__ = [
     "check_size",
     "fast_decodable",
     "fast_jpeg",
+    "headers_contiguous",
     "jpeg_ends",
     "jpeg_header",
     "load_rgb",

@@ -4,6 +4,9 @@
   (``Capabilities``: devices, batch, region, scale);
 * ``nvimgcodec``, ``torchcodec``, ``torchvision``, ``pil``: the four backends, in that order of
   preference (nvImageCodec is the only one that decodes just a box of the image);
+* ``engines``: nvImageCodec's engines (hardware JPEG engine, CUDA with GPU or CPU Huffman,
+  libjpeg-turbo), a decoder each; ``engine_choice``: their order on a GPU, measured once per
+  machine and remembered;
 * ``choice``: the registry (``BACKENDS``), the choice per kind of device (``backend``,
   ``region_decode``) and the calls that decode with it (``decode_cpu``, ``decode_batch``);
 * ``batch``: batched decoders, the GPU's one nvJPEG decoder and the stream ordering that keeps
@@ -33,7 +36,9 @@ from loaderbench.decode.choice import (
     decode_cpu,
     region_decode,
 )
-from loaderbench.decode.nvimgcodec import NvImageCodecBackend, nvimgcodec_options
+from loaderbench.decode.engine_choice import EngineRate, rank
+from loaderbench.decode.engines import ENGINES, Engine, is_cpu_huffman
+from loaderbench.decode.nvimgcodec import NvImageCodecBackend
 from loaderbench.decode.pil import PilBackend, decode_pil
 from loaderbench.decode.torchcodec import TorchCodecBackend
 from loaderbench.decode.torchvision import TorchvisionBackend
@@ -41,11 +46,14 @@ from loaderbench.decode.torchvision import TorchvisionBackend
 __all__ = [
     "BACKENDS",
     "CPU",
+    "ENGINES",
     "BatchJpegDecoder",
     "Box",
     "Capabilities",
     "CudaJpegDecoder",
     "Decoded",
+    "Engine",
+    "EngineRate",
     "JpegBackend",
     "NvImageCodecBackend",
     "PilBackend",
@@ -60,7 +68,8 @@ __all__ = [
     "decode_cpu",
     "decode_pil",
     "hand_over",
-    "nvimgcodec_options",
+    "is_cpu_huffman",
+    "rank",
     "region_decode",
     "require_cuda",
 ]

@@ -7,12 +7,16 @@ it, and a region's are identical to the same crop of a whole decode (tests/test_
 is told not to apply EXIF orientation (its default does). YCCK JPEGs come out up to 1 grey
 level off Pillow's colour conversion, so those go to PIL with every file that
 ``images.fast_jpeg`` keeps from the fast decoders (the loaders' one rule), as do the rare files
-it refuses (PIL then says why, or decodes them). docs/decoding.md gives the measurements.
+it refuses (PIL then says why, or decodes them). On a GPU each engine (hardware JPEG engine,
+CUDA with GPU Huffman, CUDA with CPU Huffman: ``decode.engines``) is a decoder of its own, tried
+in the order measured for the machine (``decode.engine_choice``), and ``decoded_by`` counts each
+image as the engine's (``nvimgcodec:hardware``, ...). docs/decoding.md gives the measurements.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import tempfile
 import threading
@@ -23,7 +27,18 @@ import torch
 
 from loaderbench import decoded_by
 from loaderbench.decode.base import Box, Capabilities, Decoded, JpegBackend, check_box
+from loaderbench.decode.engine_choice import (
+    EngineRate,
+    rank,
+    remembered_rates,
+    sample_jpegs,
+    time_engine,
+)
+from loaderbench.decode.engines import ENGINES, Engine, engines_for, make_decoder, takes
 from loaderbench.decode.pil import decode_pil
+
+# The package's logger, the name users filter decoding's lines by.
+log = logging.getLogger(__package__)
 
 
 @contextlib.contextmanager
@@ -48,30 +63,10 @@ def _stderr_captured() -> Iterator[list[str]]:
             lines.extend(line.strip() for line in text.splitlines() if line.strip())
 
 
-# nvImageCodec's decoder options (docs.nvidia.com/cuda/nvimagecodec/codec_options.html: a
-# space-separated list, ``:<option>=<value>`` for every decoder that knows the option,
-# ``<decoder_id>:<option>=<value>`` for one). Fancy (interpolating) chroma upsampling is
-# libjpeg's and so Pillow's: asked for explicitly, as some releases of the Python binding
-# default to ``:fancy_upsampling=0``. nvImageCodec 0.9's nvJPEG decoders then refuse a region
-# of a 4:2:0 or 4:2:2 JPEG with nvJPEG older than 13.2 ("ROI decode with fancy upsampling may
-# produce wrong results on image edge (1 pixel wide) with nvJPEG < 13.2 ... set
-# enable_roi_fancy_upsampling=1", libnvjpeg_ext.so 0.9.0), and every such train crop and val
-# centre crop would go to Pillow on one thread: enabled for the CUDA and hardware decoders, a
-# box's outermost pixel's chroma being the price (the resize to the model's size blends it).
-FANCY_UPSAMPLING = ":fancy_upsampling=1"
-NVJPEG_DECODER_IDS = ("nvjpeg_cuda_decoder", "nvjpeg_hw_decoder")
-
-
-def nvimgcodec_options(device_type: str) -> str:
-    """The options string of the nvImageCodec decoder made for this kind of device."""
-    if device_type == "cpu":
-        return FANCY_UPSAMPLING
-    roi = [f"{decoder}:enable_roi_fancy_upsampling=1" for decoder in NVJPEG_DECODER_IDS]
-    return " ".join([FANCY_UPSAMPLING, *roi])
-
-
 class NvImageCodecBackend(JpegBackend):
-    """nvImageCodec: a decoder per CPU thread (one thread of its own each), one per GPU."""
+    """nvImageCodec: on the CPU a libjpeg-turbo decoder per thread (one thread of its own each);
+    on a GPU a decoder per engine (``decode.engines``), in the order measured for this machine
+    (``decode.engine_choice``), an image one engine cannot take retried on the next."""
 
     name = "nvimgcodec"
     can = Capabilities(frozenset({"cpu", "cuda"}), batch=True, region=True)
@@ -81,12 +76,14 @@ class NvImageCodecBackend(JpegBackend):
         self._params: Any = None
         self.import_notes: list[str] = []
         self._thread = threading.local()
-        self._gpu_decoders: dict[int, Any] = {}
+        self._gpu_chains: dict[int, list[tuple[Engine, Any]]] = {}
+        self.gpu_rates: dict[int, list[EngineRate]] = {}  # each GPU's engine measurement
         self._lock = threading.Lock()
         # nvImageCodec documents that not all its types are thread safe: memmap's reading
-        # threads share the device's decoder, so its decode calls take turns (each thread's
+        # threads share the device's decoders, so their decode calls take turns (each thread's
         # parsing, copies and crops still run side by side, on the thread's own stream).
         self._gpu_decode_lock = threading.Lock()
+        self._warned: set[str] = set()
 
     def load(self) -> None:
         if self._module is not None:
@@ -105,33 +102,68 @@ class NvImageCodecBackend(JpegBackend):
         )
         self._module = nvimgcodec
 
-    def _decoder(self, device: torch.device) -> Any:
-        nv = self._module
+    def chain(self, device: torch.device) -> list[tuple[Engine, Any]]:
+        """The engines that decode on ``device`` and their decoders, first tried first."""
         if device.type == "cpu":
             decoder = getattr(self._thread, "decoder", None)
-            if decoder is None:  # the calling thread is the parallelism: one thread each
-                decoder = nv.Decoder(
-                    device_id=nv.NVIMGCODEC_DEVICE_CPU_ONLY,
-                    max_num_cpu_threads=1,
-                    backends=[nv.Backend(nv.BackendKind.CPU_ONLY)],
-                    options=nvimgcodec_options("cpu"),
-                )
+            if decoder is None:
+                decoder = make_decoder(self._module, ENGINES["cpu"], None)
                 self._thread.decoder = decoder
-            return decoder
+            return [(ENGINES["cpu"], decoder)]
         index = device.index if device.index is not None else torch.cuda.current_device()
         with self._lock:
-            if index not in self._gpu_decoders:
-                # nvJPEG's hardware engine where the GPU has one, its CUDA decoder otherwise.
-                self._gpu_decoders[index] = nv.Decoder(
-                    device_id=index,
-                    backends=[
-                        nv.Backend(nv.BackendKind.HW_GPU_ONLY),
-                        nv.Backend(nv.BackendKind.GPU_ONLY),
-                        nv.Backend(nv.BackendKind.HYBRID_CPU_GPU),
-                    ],
-                    options=nvimgcodec_options("cuda"),
-                )
-            return self._gpu_decoders[index]
+            if index not in self._gpu_chains:
+                self._gpu_chains[index] = self._gpu_chain(index)
+            return self._gpu_chains[index]
+
+    def _gpu_chain(self, index: int) -> list[tuple[Engine, Any]]:
+        """A decoder per engine this GPU has, ranked by the machine's remembered measurement
+        (measured now where there is none)."""
+        device = torch.device("cuda", index)
+        decoders, errors = {}, {}
+        for engine in engines_for("cuda"):
+            try:
+                decoders[engine.name] = make_decoder(self._module, engine, index)
+            except Exception as error:  # RuntimeError: "Could not create decoder. Code: 7"
+                errors[engine.name] = f"{type(error).__name__}: {error}".splitlines()[0]
+
+        def measure() -> list[EngineRate]:
+            return self._measure(device, decoders, errors)
+
+        rates, _ = remembered_rates(torch.cuda.get_device_name(index), measure)
+        self.gpu_rates[index] = rates
+        order = [name for name in rank(rates) if name in decoders]
+        if not order:
+            raise RuntimeError(f"no nvImageCodec engine decodes on {device}: {errors}")
+        return [(ENGINES[name], decoders[name]) for name in order]
+
+    def _measure(
+        self, device: torch.device, decoders: dict[str, Any], errors: dict[str, str]
+    ) -> list[EngineRate]:
+        """Each engine's rate on a batch of generated photo-sized JPEGs, alone on the GPU."""
+        import numpy as np
+
+        nv = self._module
+        streams = [nv.CodeStream(np.frombuffer(data, np.uint8)) for data in sample_jpegs()]
+        rates = []
+        for engine in engines_for("cuda"):
+            if engine.name not in decoders:
+                error = errors[engine.name]
+                rates.append(EngineRate(engine.name, engine.huffman, None, error=error))
+                continue
+
+            def once(engine: Engine = engine) -> int:
+                images = self._decode_with(engine, decoders[engine.name], streams, device)
+                torch.cuda.synchronize(device)
+                return sum(image is not None for image in images)
+
+            try:
+                speed, cpu_ms = time_engine(once, len(streams))
+                rates.append(EngineRate(engine.name, engine.huffman, speed, cpu_ms))
+            except Exception as error:  # the engine stays out of the order, saying why
+                reason = f"{type(error).__name__}: {error}".splitlines()[0]
+                rates.append(EngineRate(engine.name, engine.huffman, None, error=reason))
+        return rates
 
     def decode_whole(self, datas: list[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
         results = self.decode(datas, device, [None] * len(datas))
@@ -149,53 +181,126 @@ class NvImageCodecBackend(JpegBackend):
         admitted: bool = False,
     ) -> list[Decoded]:
         results: list[Decoded | None] = [None] * len(datas)
-        streams, positions = [], []
+        streams, sequential, positions = [], [], []
         for i, (data, box) in enumerate(zip(datas, boxes, strict=True)):
             try:
-                stream = self._code_stream(data, box, admitted)
+                parsed = self._code_stream(data, box, admitted)
             except RuntimeError as error:  # no JPEG header, a bad box: PIL says why, or reads it
                 results[i] = self._with_pil(data, box, device, error)
                 continue
-            if stream is None:
+            if parsed is None:
                 results[i] = self._with_pil(data, box, device, None)
                 continue
-            streams.append(stream)
+            streams.append(parsed[0])
+            sequential.append(parsed[1])
             positions.append(i)
         if streams:
-            images = self._run(streams, device)
+            images = self._run(streams, sequential, device)
             for i, image in zip(positions, images, strict=True):
-                if image is None:  # nvImageCodec refused it: PIL says why, or reads it
+                if image is None:  # every engine refused it: PIL says why, or reads it
                     results[i] = self._with_pil(datas[i], boxes[i], device, None)
                 else:
                     results[i] = self._tensor(image, device)
-            decoded_by.note(self.name, sum(image is not None for image in images))
         return results  # type: ignore[return-value]
 
-    def _run(self, streams: list[Any], device: torch.device) -> list[Any]:
-        """nvImageCodec's decode of code streams: an image each, None for one it refused."""
-        decoder = self._decoder(device)
+    def _run(self, streams: list[Any], sequential: list[bool], device: torch.device) -> list[Any]:
+        """Each code stream decoded by the first engine of the chain that takes it (None where
+        none does), counted by engine (``decoded_by``: ``nvimgcodec:<engine>``)."""
+        images: list[Any] = [None] * len(streams)
+        pending = list(range(len(streams)))
+        chain = self.chain(device)
+        for place, (engine, decoder) in enumerate(chain):
+            todo = [i for i in pending if takes(engine, sequential[i])]
+            if not todo:
+                continue
+            out = self._decode_with(engine, decoder, [streams[i] for i in todo], device)
+            for i, image in zip(todo, out, strict=True):
+                images[i] = image
+            done = sum(image is not None for image in out)
+            decoded_by.note(engine.counted_as, done)
+            if done and device.type == "cuda" and engine.huffman == "cpu":
+                self._warn_cpu_huffman(device, chain[:place], engine, todo, sequential)
+            pending = [i for i in pending if images[i] is None]
+            if not pending:
+                break
+        return images
+
+    def _decode_with(
+        self, engine: Engine, decoder: Any, streams: list[Any], device: torch.device
+    ) -> list[Any]:
+        """One engine's decode of code streams: an image each, None for one it refused."""
         if device.type == "cpu":  # one call a batch: as fast as one a stream, one GIL release
             return list(decoder.decode(streams, params=self._params))
         cuda_stream = torch.cuda.current_stream(device).cuda_stream
         with self._gpu_decode_lock:
             return list(decoder.decode(streams, params=self._params, cuda_stream=cuda_stream))
 
-    def _code_stream(self, data: torch.Tensor, box: Box | None, admitted: bool = False) -> Any:
-        """The JPEG's code stream (its headers parsed), cut to ``box``; None for a file that
-        PIL decodes (``images.fast_jpeg``, the loaders' one rule: CMYK and YCCK, whose colours
-        Pillow converts the reference way, among others), unless ``admitted``."""
+    def _warn_cpu_huffman(
+        self,
+        device: torch.device,
+        before: list[tuple[Engine, Any]],
+        engine: Engine,
+        todo: list[int],
+        sequential: list[bool],
+    ) -> None:
+        """Once per cause: a CUDA run's images Huffman-decoded on the CPU, and why."""
+        progressive = sum(not sequential[i] for i in todo)
+        if not before:
+            cause = "measured-first"
+            why = (
+                f"the measurement of this machine's engines ranked {engine.name} first "
+                f"({self._rates_text(device)}); LOADERBENCH_DECODE_REFRESH=1 measures again"
+            )
+        elif progressive:
+            cause = "progressive"
+            why = "they are progressive JPEGs, which the GPU's Huffman decoders do not take"
+        else:
+            cause = "refused"
+            names = ", ".join(e.name for e, _ in before)
+            why = f"{names} refused them (nvImageCodec gives no reason)"
+        if cause in self._warned:
+            return
+        self._warned.add(cause)
+        log.warning(
+            "JPEG decoding on %s: images are Huffman-decoded on the CPU (%s): %s; counted as "
+            "%s in loader_<split>_decoded_by",
+            device,
+            engine.counted_as,
+            why,
+            engine.counted_as,
+        )
+
+    def _rates_text(self, device: torch.device) -> str:
+        rates = self.gpu_rates.get(device.index if device.index is not None else 0, [])
+        return ", ".join(
+            f"{r.engine} {r.images_per_s:,.0f}/s" if r.images_per_s else f"{r.engine}: {r.error}"
+            for r in rates
+        )
+
+    def _code_stream(
+        self, data: torch.Tensor, box: Box | None, admitted: bool = False
+    ) -> tuple[Any, bool] | None:
+        """The JPEG's code stream (its headers parsed), cut to ``box``, and whether it is
+        sequential (baseline); None for a file that PIL decodes (``images.fast_jpeg``, the
+        loaders' one rule: CMYK and YCCK, whose colours Pillow converts the reference way,
+        among others), unless ``admitted`` (a memmap jpeg store's baseline JPEGs)."""
         from loaderbench.images import fast_jpeg
 
         array = data.numpy()
-        if not admitted and fast_jpeg(array) is None:
-            return None
+        sequential = True
+        if not admitted:
+            header = fast_jpeg(array)
+            if header is None:
+                return None
+            sequential = header.sequential
         nv = self._module
         stream = nv.CodeStream(array)
         if box is None or tuple(box) == (0, 0, stream.height, stream.width):
-            return stream
+            return stream, sequential
         check_box(box, stream.height, stream.width)
         top, left, h, w = box
-        return stream.get_sub_code_stream(region=nv.Region(top, left, top + h, left + w))
+        region = nv.Region(top, left, top + h, left + w)
+        return stream.get_sub_code_stream(region=region), sequential
 
     @staticmethod
     def _tensor(image: Any, device: torch.device) -> torch.Tensor:
