@@ -16,7 +16,7 @@ import torch
 from PIL import Image
 
 from loaderbench import decode, decoded_by
-from loaderbench.decode import NvImageCodecBackend, PilBackend
+from loaderbench.decode import Engine, NvImageCodecBackend, PilBackend
 from loaderbench.loaders import build_loader
 from tests.conftest import (
     cpu_spec,
@@ -110,19 +110,25 @@ def test_decoded_by_sums_to_the_images_decoded(
     if loader == "torchvision":
         assert set(counts) == {"pil"}
     elif loader == "memmap":  # every stored image re-encoded as a plain RGB JPEG
-        assert set(counts) == {decode.backend("cpu")}
+        assert set(counts) == {decode.counted_as("cpu")}
     elif loader == "spdl":
         # The PNG and the CMYK JPEG are Pillow's in every loader: a fallback, counted.
-        primary = stats["jpeg_backend"]
-        assert primary == ("ffmpeg" if options["decoder"] == "ffmpeg" else decode.backend("cpu"))
-        assert counts["pil"] > 0 and counts[primary] > counts["pil"]
-        assert set(counts) == {"pil", primary}
+        ffmpeg = options["decoder"] == "ffmpeg"
+        assert stats["jpeg_backend"] == ("ffmpeg" if ffmpeg else decode.backend("cpu"))
+        own = "ffmpeg" if ffmpeg else decode.counted_as("cpu")  # nvImageCodec's: its engine too
+        assert counts["pil"] > 0 and counts[own] > counts["pil"]
+        assert set(counts) == {"pil", own}
 
 
 def test_a_fallback_over_one_percent_is_a_warning_naming_the_library() -> None:
-    warning = decoded_by.fallback_warning("val", {"nvimgcodec": 95, "pil": 5}, "nvimgcodec")
+    warning = decoded_by.fallback_warning("val", {"nvimgcodec:cpu": 95, "pil": 5}, "nvimgcodec")
     assert warning is not None and "pil 5 (5.0%)" in warning and "nvimgcodec" in warning
-    assert decoded_by.fallback_warning("val", {"nvimgcodec": 99, "pil": 1}, "nvimgcodec") is None
+    # Every engine of nvImageCodec's is its own: not a fallback.
+    engines = {"nvimgcodec:hardware": 60, "nvimgcodec:hybrid": 39, "pil": 1}
+    assert decoded_by.fallback_warning("val", engines, "nvimgcodec") is None
+    assert (
+        decoded_by.fallback_warning("val", {"nvimgcodec:cpu": 99, "pil": 1}, "nvimgcodec") is None
+    )
     assert decoded_by.fallback_warning("val", {"pil": 40}, "pil") is None
     assert decoded_by.fallback_warning("val", {}, "nvimgcodec") is None
 
@@ -135,7 +141,7 @@ def test_counts_stay_in_their_scope() -> None:
             decode.decode_cpu(data)
         with decoded_by.not_counted():
             decode.decode_cpu(data)
-    assert inner == {decode.backend("cpu"): 1}
+    assert inner == {decode.counted_as("cpu"): 1}
     assert outer == inner
 
 
@@ -178,14 +184,19 @@ def _jpeg(image: Image.Image, subsampling: int = 2) -> bytes:
 
 
 def test_the_nvjpeg_decoders_are_asked_for_regions_with_fancy_upsampling() -> None:
-    cuda = decode.nvimgcodec_options("cuda").split()
     # docs.nvidia.com/cuda/nvimagecodec/codec_options.html: ":<option>=<value>" for any decoder,
-    # "<decoder_id>:<option>=<value>" for one; the ids and the option as nvImageCodec 0.9
+    # "<decoder_id>:<option>=<value>" for one; the ids and the options as nvImageCodec 0.9
     # names them (libnvjpeg_ext.so).
-    assert ":fancy_upsampling=1" in cuda
-    assert "nvjpeg_cuda_decoder:enable_roi_fancy_upsampling=1" in cuda
-    assert "nvjpeg_hw_decoder:enable_roi_fancy_upsampling=1" in cuda
-    assert decode.nvimgcodec_options("cpu") == ":fancy_upsampling=1"  # libjpeg's = Pillow's
+    for name in ("hardware", "cuda", "hybrid"):
+        options = decode.ENGINES[name].option_string().split()
+        assert ":fancy_upsampling=1" in options
+        assert "nvjpeg_cuda_decoder:enable_roi_fancy_upsampling=1" in options
+        assert "nvjpeg_hw_decoder:enable_roi_fancy_upsampling=1" in options
+    # Where each pins the Huffman decode: on the GPU for every image, on the CPU for every one.
+    assert "nvjpeg_cuda_decoder:hybrid_huffman_threshold=0" in decode.ENGINES["cuda"].options
+    (hybrid,) = [o for o in decode.ENGINES["hybrid"].options if "hybrid_huffman_threshold" in o]
+    assert int(hybrid.split("=")[1]) > 10**9  # above any image's pixels
+    assert decode.ENGINES["cpu"].option_string() == ":fancy_upsampling=1"  # libjpeg's = Pillow's
 
 
 class RegionRefusing(NvImageCodecBackend):
@@ -194,10 +205,12 @@ class RegionRefusing(NvImageCodecBackend):
 
     name = "region_refusing"
 
-    def _run(self, streams: list[Any], device: torch.device) -> list[Any]:
+    def _decode_with(
+        self, engine: Engine, decoder: Any, streams: list[Any], device: torch.device
+    ) -> list[Any]:
         nv = self._module
         chroma = (nv.ChromaSubsampling.CSS_420, nv.ChromaSubsampling.CSS_422)
-        images = super()._run(streams, device)
+        images = super()._decode_with(engine, decoder, streams, device)
         return [
             None if stream.view is not None and stream.chroma_subsampling in chroma else image
             for stream, image in zip(streams, images, strict=True)
@@ -214,7 +227,7 @@ def test_a_region_decode_that_comes_back_empty_fails_the_probe(
     with decoded_by.counting() as counts:
         images = refusing.decode([data, data], CPU, [None, (8, 8, 16, 16)])
     assert [tuple(i.shape) for i in images] == [(3, 48, 64), (3, 16, 16)]
-    assert counts == {"region_refusing": 1, "pil": 1}
+    assert counts == {"region_refusing:cpu": 1, "pil": 1}
     with caplog.at_level("WARNING", logger="loaderbench.decode"):
         name = decode.choose("cpu", {"region_refusing": refusing, "pil": PilBackend()})
     assert name == "pil"
@@ -235,7 +248,9 @@ def test_nvjpeg_decodes_regions_of_subsampled_jpegs_itself() -> None:
         with decoded_by.counting() as counts:
             (image,) = decode.decode_batch([data], device, [(8, 8, 16, 24)])
         assert not isinstance(image, BaseException) and tuple(image.shape) == (3, 16, 24)
-        assert image.is_cuda and counts == {"nvimgcodec": 1}, counts
+        # The GPU's engines, not the CPU's Huffman decode nor Pillow.
+        assert image.is_cuda and sum(counts.values()) == 1, counts
+        assert set(counts) <= {"nvimgcodec:hardware", "nvimgcodec:cuda"}, counts
         reference = decode.decode_pil(data, (8, 8, 16, 24)).to(device)
         # Fancy upsampling, as Pillow's; the box's outermost pixel's chroma may differ.
         inner = (image.int() - reference.int())[:, 1:-1, 1:-1].abs()

@@ -47,6 +47,11 @@ class JpegBackend(abc.ABC):
     def load(self) -> None:
         """Import the library; raises where it is missing or does not load."""
 
+    def counted_as(self, device: torch.device) -> str:
+        """The ``decoded_by`` key of the images it decodes itself on ``device`` (nvImageCodec's
+        names the engine that decodes first there)."""
+        return self.name
+
     @abc.abstractmethod
     def decode_whole(self, datas: list[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
         """Whole images at once; raises if any fails."""

@@ -126,6 +126,12 @@ def backend(device: torch.device | str = "cpu") -> str:
     return chosen(device).name
 
 
+def counted_as(device: torch.device | str = "cpu") -> str:
+    """The ``decoded_by`` key of the images the chosen backend decodes on this kind of device
+    (``nvimgcodec:cpu`` on the CPU; on a GPU the engine measured first there)."""
+    return chosen(device).counted_as(_device_of(torch.device(device).type))
+
+
 def region_decode(device: torch.device | str = "cpu") -> bool:
     """Whether the backend for this kind of device decodes only an image's box."""
     return chosen(device).can.region

@@ -47,10 +47,6 @@ class Engine:
     sequential_only: bool  # takes baseline/extended sequential JPEGs only
     device_type: str  # "cuda" or "cpu"
 
-    @property
-    def counted_as(self) -> str:
-        return f"nvimgcodec:{self.name}"
-
     def option_string(self) -> str:
         return " ".join([FANCY_UPSAMPLING, *self.options])
 
@@ -106,6 +102,13 @@ def takes(engine: Engine, sequential: bool) -> bool:
 
 
 def is_cpu_huffman(counted_as: str) -> bool:
-    """Whether a ``decoded_by`` key of a CUDA run names images Huffman-decoded on the CPU."""
-    engine = ENGINES.get(counted_as.removeprefix("nvimgcodec:"))
-    return engine is not None and engine.device_type == "cuda" and engine.huffman == "cpu"
+    """Whether a ``decoded_by`` key (``nvimgcodec:<engine>``) names images of a CUDA run whose
+    Huffman decode ran on the CPU."""
+    library, _, name = counted_as.partition(":")
+    engine = ENGINES.get(name)
+    return (
+        library == "nvimgcodec"
+        and engine is not None
+        and engine.device_type == "cuda"
+        and (engine.huffman == "cpu")
+    )

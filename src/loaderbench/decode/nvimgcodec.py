@@ -102,6 +102,13 @@ class NvImageCodecBackend(JpegBackend):
         )
         self._module = nvimgcodec
 
+    def engine_key(self, engine: Engine) -> str:
+        """How ``decoded_by`` counts this engine's images: ``nvimgcodec:<engine>``."""
+        return f"{self.name}:{engine.name}"
+
+    def counted_as(self, device: torch.device) -> str:
+        return self.engine_key(self.chain(device)[0][0])
+
     def chain(self, device: torch.device) -> list[tuple[Engine, Any]]:
         """The engines that decode on ``device`` and their decoders, first tried first."""
         if device.type == "cpu":
@@ -217,7 +224,7 @@ class NvImageCodecBackend(JpegBackend):
             for i, image in zip(todo, out, strict=True):
                 images[i] = image
             done = sum(image is not None for image in out)
-            decoded_by.note(engine.counted_as, done)
+            decoded_by.note(self.engine_key(engine), done)
             if done and device.type == "cuda" and engine.huffman == "cpu":
                 self._warn_cpu_huffman(device, chain[:place], engine, todo, sequential)
             pending = [i for i in pending if images[i] is None]
@@ -265,9 +272,9 @@ class NvImageCodecBackend(JpegBackend):
             "JPEG decoding on %s: images are Huffman-decoded on the CPU (%s): %s; counted as "
             "%s in loader_<split>_decoded_by",
             device,
-            engine.counted_as,
+            self.engine_key(engine),
             why,
-            engine.counted_as,
+            self.engine_key(engine),
         )
 
     def _rates_text(self, device: torch.device) -> str:
