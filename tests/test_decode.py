@@ -202,6 +202,30 @@ def test_admitted_jpegs_skip_the_admission_parse_and_others_do_not() -> None:
         assert torch.equal(image, pil_reference(data.numpy().tobytes())[:, 4:20, 8:40])
 
 
+def test_stray_bytes_between_header_segments_send_a_jpeg_to_pil() -> None:
+    """libjpeg skips bytes where a marker should start ("extraneous bytes before marker") and
+    decodes the image as if they were not there; nvJPEG reads such a file's pixels otherwise
+    (the GPU check's damaged set, issue 36), so the admission rule sends it to PIL, the
+    reference, in every loader. 0xFF fill bytes before a marker are the standard's, not
+    stray."""
+    from loaderbench.images import fast_jpeg, headers_contiguous
+
+    good = KINDS["420"]
+    scan = good.index(b"\xff\xda")
+    tables = good.index(b"\xff\xc4")
+    stray_before_scan = good[:scan] + b"\x12\x34\x56" + good[scan:]
+    stray_before_tables = good[:tables] + b"\x00" + good[tables:]
+    fill_bytes = good[:scan] + b"\xff\xff" + good[scan:]
+    assert fast_jpeg(good) is not None and fast_jpeg(fill_bytes) is not None
+    for data in (stray_before_scan, stray_before_tables):
+        assert not headers_contiguous(data) and fast_jpeg(data) is None
+        reference = pil_reference(data)
+        assert torch.equal(reference, pil_reference(good))  # Pillow reads it whole
+        with decoded_by.counting() as counts:
+            (image,) = decode.decode_batch([as_tensor(data)], CPU)
+        assert counts == {"pil": 1} and torch.equal(image, reference)
+
+
 def test_a_box_outside_the_image_is_refused_naming_it() -> None:
     for name in BACKENDS:
         backend = loaded(name)
