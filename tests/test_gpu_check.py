@@ -4,7 +4,6 @@ decode phase."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import re
@@ -16,7 +15,7 @@ import pytest
 import torch
 
 from tests.conftest import REPO
-from tools.gpu_check import cli, decode_bench
+from tools.gpu_check import cli, decode_bench, decode_rows, decode_table
 from tools.gpu_check import plan as gpu_plan
 from tools.gpu_check import report as gpu_report
 
@@ -79,7 +78,7 @@ def test_the_dry_run_runs_every_cpu_phase_and_writes_the_report(tmp_path: Path) 
     assert table["projection"] == "0" and next(iter(table)) == "env-quick"
     assert check_log.index("[env-quick]") < check_log.index("[kit]")
     # The decode phase ran its CPU equivalent: a row a case, in the report and in decode.json.
-    assert "## Batched JPEG decode" in report and "| nvimgcodec | region |" in report
+    assert "## Batched JPEG decode" in report and "| nvimgcodec cpu | region |" in report
     assert json.loads((out / "decode.json").read_text())["device"] == "cpu"
     # num_workers=auto's row: the count its probe chose (ladder 1, 2 here) and the probe.
     assert re.search(r"\| spdl[^|]* \| auto: [12] \| ok \|.*probe [\d.]+ s \(1: ", report), report
@@ -221,38 +220,49 @@ def test_check_holds_the_kit_and_what_travels_with_it_to_their_limits(tmp_path: 
 # The decode phase (python -m tools.gpu_check decode)
 
 
-def decode_phase(root: Path, out: Path, device: str) -> tuple[int, dict]:
-    args = ["--device", device, "--batch", "4", "--images", "12", "--seconds", "0.05"]
+def decode_phase(root: Path, out: Path, device: str, *extra: str) -> tuple[int, dict]:
+    args = ["--device", device, "--batch", "4", "--images", "12", "--seconds", "0.05", *extra]
     rc = cli.main(["decode", str(root), "--out", str(out), *args])
     return rc, json.loads(out.read_text())
 
 
-def test_the_decode_phase_times_every_case_and_its_pixels_agree(
+def test_the_decoder_table_times_every_decoder_against_pillows_pixels(
     tiny_root: Path, tmp_path: Path
 ) -> None:
-    rc, result = decode_phase(tiny_root, tmp_path / "decode.json", "cpu")
+    """The dry run of the decoder table (``--dry-run``: on the CPU): every row, the GPU's
+    engines absent and saying why, the others timed with Pillow's pixels (fancy upsampling)
+    or not (simple upsampling), the loaders' choice counted by engine."""
+    rc, result = decode_phase(tiny_root, tmp_path / "decode.json", "cuda", "--dry-run")
     assert rc == 0, result
+    assert result["device"] == "cpu" and result["engine_order"] == ["cpu"]
     cases = {(case["library"], case["kind"]): case for case in result["cases"]}
-    assert set(cases) == set(decode_bench.DECODE_CASES)
-    installed = {"nvimgcodec": importlib.util.find_spec("nvidia.nvimgcodec") is not None}
-    for (library, kind), case in cases.items():
-        if not installed.get(library, True):
-            assert case["status"] == "unavailable" and case["error"], case
+    assert list(cases) == decode_rows.cases_for("cpu")
+    for (label, kind), case in cases.items():
+        if label.split()[:2] in (["nvimgcodec", "hardware"], ["nvimgcodec", "cuda"]) or (
+            label.startswith("nvimgcodec hybrid")
+        ):
+            assert case["status"] == "absent" and "CUDA" in case["error"], case
             continue
         assert case["status"] == "ok", case
         assert case["images"] >= 12 and case["images_per_s"] > 0 and case["cpu_ms_per_image"] > 0
-        # Only nvImageCodec decodes the box alone; the others cut it from the whole image.
-        assert case["region_decoded"] == (kind == "region" and library == "nvimgcodec")
+        # nvImageCodec decodes the box alone; TorchCodec and torchvision cut it from the whole.
+        region = kind == "region" and not label.startswith(("torchcodec", "torchvision"))
+        assert case["region_decoded"] == region, case
+        if "(no fancy)" in label:  # libjpeg's simple upsampling: not Pillow's chroma
+            assert case["max_abs_vs_pillow"] > 0, case
+        else:
+            assert case["max_abs_vs_pillow"] <= 1, case
+    for kind in ("full", "region"):  # every timed image, counted by the engine that took it
+        choice = cases[(decode_bench.CHOICE, kind)]
+        assert choice["decoded_by"] == {"nvimgcodec:cpu": choice["images"]}
     assert 0 < result["mean_kept_fraction"] < 1
-    agree = {a["what"]: a for a in result["agreement"]}
-    assert agree["torchvision whole vs torchcodec whole"]["max_abs"] == 0
-    if installed["nvimgcodec"]:  # libjpeg-turbo both ways on the CPU: the same pixels
-        assert agree["nvimgcodec whole vs torchcodec whole"]["max_abs"] == 0
-        assert agree["nvimgcodec region vs its whole decode, cut"]["max_abs"] == 0
 
-    section = "\n".join(gpu_report.decode_lines(result))
-    assert "| torchcodec | full | ok | " in section and "whole, then cut" in section
-    assert "not GPU figures" in section
+    section = "\n".join(decode_table.decode_lines(result))
+    assert "| nvimgcodec cpu | region | ok | " in section and "whole, then cut" in section
+    assert "decoded by nvimgcodec:cpu" in section and "not GPU figures" in section
+    assert "| nvimgcodec hardware | full | absent |" in section
+    # The report renders the phase's rows too (its own section).
+    assert "| torchcodec | full | ok | " in "\n".join(gpu_report.decode_lines(result))
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the answer where there is no GPU")
@@ -261,30 +271,40 @@ def test_the_decode_phase_on_cuda_without_a_gpu_is_skipped_not_failed(
 ) -> None:
     rc, result = decode_phase(tiny_root, tmp_path / "decode.json", "cuda")
     assert rc == 0 and result["skipped"] == "no CUDA"
-    assert gpu_report.decode_lines(result)[-1] == "skipped: no CUDA"
+    assert decode_table.decode_lines(result)[-1] == "skipped: no CUDA"
 
 
-def test_a_missing_library_fails_the_decode_phase_on_a_gpu_only() -> None:
-    rows = [
-        {"library": name, "kind": kind, "status": "ok"} for name, kind in decode_bench.DECODE_CASES
+def _rows(device: str, status: str = "ok") -> list[dict]:
+    return [
+        {"library": name, "kind": kind, "status": status}
+        for name, kind in decode_rows.cases_for(device)
     ]
-    missing = [*rows[:-1], {**rows[-1], "status": "unavailable"}]
-    failed = [*rows[:-1], {**rows[-1], "status": "failed"}]
+
+
+def test_an_absent_engine_is_allowed_a_missing_library_only_on_the_cpu() -> None:
+    rows = _rows("cuda")
     assert decode_bench.decode_exit_code({"device": "cuda", "cases": rows}) == 0
+    no_engine = [*rows[:2], {**rows[2], "status": "absent"}, *rows[3:]]
+    assert decode_bench.decode_exit_code({"device": "cuda", "cases": no_engine}) == 0
+    missing = [*rows[:-1], {**rows[-1], "status": "unavailable"}]
     assert decode_bench.decode_exit_code({"device": "cuda", "cases": missing}) == 1
-    assert decode_bench.decode_exit_code({"device": "cpu", "cases": missing}) == 0
+    cpu = _rows("cpu")
+    missing_cpu = [*cpu[:-1], {**cpu[-1], "status": "unavailable"}]
+    assert decode_bench.decode_exit_code({"device": "cpu", "cases": missing_cpu}) == 0
+    failed = [*cpu[:-1], {**cpu[-1], "status": "failed"}]
     assert decode_bench.decode_exit_code({"device": "cpu", "cases": failed}) == 1
+    # The loaders' own decode must work, wherever the check runs.
+    choice_down = [{**cpu[0], "status": "absent"}, *cpu[1:]]
+    assert decode_bench.decode_exit_code({"device": "cpu", "cases": choice_down}) == 1
 
 
-def test_cases_a_crash_cut_short_fail_the_phase_and_show_as_not_run() -> None:
-    """decode.json is saved after every case: a library that takes the process down leaves
+def test_rows_a_crash_cut_short_fail_the_phase_and_show_as_not_run() -> None:
+    """decode.json is saved after every row: a library that takes the process down leaves
     the rows before it, and the report names the ones that never ran."""
-    rows = [
-        {"library": name, "kind": kind, "status": "ok"} for name, kind in decode_bench.DECODE_CASES
-    ]
+    rows = _rows("cuda")
     partial = {"device": "cuda", "cases": rows[:2], "gpu": "H200"}
     assert decode_bench.decode_exit_code(partial) == 1
-    section = "\n".join(gpu_report.decode_lines(partial))
+    section = "\n".join(decode_table.decode_lines(partial))
     last_name, last_kind = decode_bench.DECODE_CASES[-1]
     assert f"| {last_name} | {last_kind} | not run |" in section
     assert section.count("| not run |") == len(decode_bench.DECODE_CASES) - 2

@@ -45,6 +45,7 @@ def parser() -> argparse.ArgumentParser:
     dec.add_argument("--batch", type=int, default=256)
     dec.add_argument("--images", type=int, default=2048, help="at most this many train JPEGs")
     dec.add_argument("--seconds", type=float, default=3.0, help="each case's time")
+    dec.add_argument("--dry-run", action="store_true", help="on the CPU (no GPU figures)")
     rep = sub.add_parser("report", help="write the markdown report")
     rep.add_argument("--out", type=Path, required=True)
     rep.add_argument("--runs", type=Path, required=True)
@@ -79,8 +80,9 @@ def time_decoding(args: argparse.Namespace) -> int:
     def save(result: dict[str, Any]) -> None:  # after every case: a crash keeps the rows before
         args.out.write_text(json.dumps(result, indent=2) + "\n")
 
+    device = "cpu" if args.dry_run else args.device
     result = decode_bench.decode_benchmark(
-        args.root, args.device, args.batch, args.images, args.seconds, save
+        args.root, device, args.batch, args.images, args.seconds, save
     )
     return decode_bench.decode_exit_code(result)
 

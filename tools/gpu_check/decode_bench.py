@@ -1,38 +1,53 @@
-"""Batched JPEG decode (``python -m tools.gpu_check decode ROOT --out JSON --device cuda``): the
-synthetic set's train images through ``loaderbench.decode``'s backends, nvImageCodec (whole
-images, and only each image's random-resized-crop box) against TorchCodec's and torchvision.io's
-batched decode (whole images; their "region" is the whole image, then cut), and how far their
-pixels are apart. ``--device cpu`` runs the same on CPU threads (the dry run)."""
+"""The decoder table (``python -m tools.gpu_check decode ROOT --out JSON --device cuda``; the dry
+run: ``--device cpu`` or ``--dry-run``): the synthetic set's train JPEGs decoded in batches by
+
+* the loaders' choice (``loaderbench.decode.decode_batch``: nvImageCodec's engines in the order
+  measured for this machine, ``decoded_by`` counting which engine took each image);
+* each nvImageCodec engine alone (hardware JPEG engine, CUDA with GPU Huffman, CUDA with CPU
+  Huffman, libjpeg-turbo on the CPU threads), with and without fancy upsampling;
+* TorchCodec's and torchvision.io's batched decode;
+* the hardware engine and the CUDA decoder sharing each batch (``split``: DALI's
+  ``hw_decoder_load``), a fixed share and nvImageCodec's adaptive policy,
+
+whole images and each image's train crop box (only the box where the decoder can, else the
+whole image, then cut), in images/s, CPU ms per image and |difference| from Pillow's pixels.
+Rows are ``decode_rows``; the markdown section is ``tools.gpu_check.decode_table``.
+"""
 
 from __future__ import annotations
 
-import os
+import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tools.gpu_check.markdown import fmt
+from tools.gpu_check.decode_rows import (
+    CHOICE,
+    DECODE_BASELINE,
+    DECODE_CASES,
+    RowDecoder,
+    Unavailable,
+    cases_for,
+    make_row_decoder,
+)
 
 if TYPE_CHECKING:  # torch and the decoders load when the phase runs, not on import
     import torch
 
-    from loaderbench.decode import Box, Decoded, JpegBackend
+    from loaderbench.decode import Box, Decoded
 
-# (library, what is decoded): each through loaderbench.decode's backend of that name. "region"
-# asks each image's train crop box: nvImageCodec decodes only the box, the others the whole
-# image, then cut it (a view), as a loader using them must.
-DECODE_CASES = (
-    ("nvimgcodec", "full"),
-    ("nvimgcodec", "region"),
-    ("torchcodec", "full"),
-    ("torchcodec", "region"),
-    ("torchvision", "full"),
-    ("torchvision", "region"),
-)
-# What the other rows are compared with: TorchCodec's batched decode of the same images.
-DECODE_BASELINE = "torchcodec"
+__all__ = [
+    "CHOICE",
+    "DECODE_BASELINE",
+    "DECODE_CASES",
+    "DecodeSet",
+    "decode_benchmark",
+    "decode_exit_code",
+]
+
+# Images whose pixels are compared with Pillow's (its decode is the slow part).
+AGREEMENT_IMAGES = 64
 
 
 @dataclass
@@ -73,73 +88,28 @@ class DecodeSet:
         ]
 
 
-class DecodeRunner:
-    """Decodes one batch through a backend and waits until its pixels are there: on a GPU a
-    blocking event (the host sleeps rather than spins, so CPU time is the decode's own), then
-    the whole device; on the CPU the batch is split over ``threads`` threads."""
-
-    def __init__(self, device: torch.device, threads: int) -> None:
-        import torch
-
-        self.device = device
-        self.threads = threads
-        self.is_cuda = device.type == "cuda"
-        self._torch = torch
-        # One pool for the whole run: a backend keeps a decoder per thread.
-        self._pool = None if self.is_cuda or threads == 1 else ThreadPoolExecutor(threads)
-
-    def __call__(
-        self, backend: JpegBackend, datas: list[torch.Tensor], boxes: list[Box] | None
-    ) -> list[Decoded]:
-        wanted = boxes if boxes is not None else [None] * len(datas)
-        if self._pool is None:
-            images = backend.decode(datas, self.device, wanted)
-        else:
-            step = -(-len(datas) // self.threads)
-            parts = [
-                (datas[i : i + step], wanted[i : i + step]) for i in range(0, len(datas), step)
-            ]
-            done = self._pool.map(lambda part: backend.decode(part[0], self.device, part[1]), parts)
-            images = [image for part in done for image in part]
-        if self.is_cuda:
-            event = self._torch.cuda.Event(blocking=True)
-            event.record()
-            event.synchronize()
-            self._torch.cuda.synchronize(self.device)
-        return images
-
-    def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown()
-
-
 def _failures(images: list[Decoded]) -> list[str]:
     return [f"{type(i).__name__}: {i}" for i in images if isinstance(i, BaseException)]
 
 
-def time_decode(
-    backend: JpegBackend,
-    run: DecodeRunner,
-    data: DecodeSet,
-    region: bool,
-    batch: int,
-    seconds: float,
+def time_rows(
+    decoder: RowDecoder, data: DecodeSet, region: bool, batch: int, seconds: float
 ) -> dict[str, Any]:
-    """One case: a warm-up batch, then the set's batches in order, round and round, until at
-    least ``seconds`` have passed and the set was decoded at least once."""
-    import time
-
+    """One row's figures: a warm-up batch of the full size (it sizes nvImageCodec's fixed
+    shares), then the set's batches in order, round and round, until at least ``seconds``
+    have passed and the set was decoded at least once, each batch waited for."""
     batches = data.batches(batch)
     warm_datas, warm_boxes = batches[0]
-    run(backend, warm_datas, warm_boxes if region else None)
+    decoder(warm_datas, warm_boxes if region else None)
     failed: list[str] = []
     images = passes = 0
+    decoder.counts.clear()
     wall0, cpu0 = time.perf_counter(), time.process_time()
     while passes == 0 or time.perf_counter() - wall0 < seconds:
         for datas, boxes in batches:
-            images_out = run(backend, datas, boxes if region else None)
+            out = decoder(datas, boxes if region else None)
             if passes == 0:  # the same images fail again on later passes
-                failed += _failures(images_out)
+                failed += _failures(out)
             images += len(datas)
         passes += 1
     wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
@@ -152,77 +122,66 @@ def time_decode(
         "cpu_ms_per_image": 1000 * cpu / images,
         "failed_images": len(failed),
         "first_failure": failed[0] if failed else "",
+        **({"decoded_by": dict(decoder.counts)} if decoder.counts else {}),
     }
 
 
-def _max_mean_diff(a: list[Decoded], b: list[Decoded]) -> dict[str, Any]:
-    """The largest and the mean absolute pixel difference over pairs of CHW uint8 images."""
+def pillow_difference(
+    decoder: RowDecoder, data: DecodeSet, region: bool, reference: list[torch.Tensor]
+) -> dict[str, Any]:
+    """Max and mean |difference| from Pillow's pixels (its whole decode, cut to the box for a
+    region) over the set's first images."""
+    from loaderbench.decode import cut
+
+    n = len(reference)
+    boxes = data.boxes[:n] if region else [None] * n
+    images = decoder(data.datas[:n], data.boxes[:n] if region else None)
     worst, total, count = 0, 0.0, 0
-    for x, y in zip(a, b, strict=True):
-        if isinstance(x, BaseException) or isinstance(y, BaseException):
+    for image, pil, box in zip(images, reference, boxes, strict=True):
+        if isinstance(image, BaseException):
             continue
-        if tuple(x.shape) != tuple(y.shape):
-            return {"error": f"shapes differ: {tuple(x.shape)} and {tuple(y.shape)}"}
-        diff = (x.cpu().int() - y.cpu().int()).abs()
+        expected = cut(pil, box)
+        if tuple(image.shape) != tuple(expected.shape):
+            return {"pillow_error": f"shape {tuple(image.shape)}, not {tuple(expected.shape)}"}
+        diff = (image.cpu().int() - expected.int()).abs()
         worst = max(worst, int(diff.max()))
         total += float(diff.double().sum())
         count += diff.numel()
-    return {"max_abs": worst, "mean_abs": total / count if count else None}
+    if not count:
+        return {"pillow_error": "no image decoded"}
+    return {"max_abs_vs_pillow": worst, "mean_abs_vs_pillow": total / count}
 
 
-def agreement(
-    backends: dict[str, JpegBackend], run: DecodeRunner, data: DecodeSet, n: int
-) -> list[dict[str, Any]]:
-    """How far apart the pixels are, on the first ``n`` images: each library's whole decode
-    against the baseline's, and nvImageCodec's region decode against its own whole decode cut
-    to the box (the two decoders differ only in what they skip)."""
-    from loaderbench.decode import cut
-
-    datas, boxes = data.datas[:n], data.boxes[:n]
-    whole = {name: run(backend, datas, None) for name, backend in backends.items()}
-    results = []
-    base = whole.get(DECODE_BASELINE)
-    for name, images in whole.items():
-        if name != DECODE_BASELINE and base is not None:
-            results.append(
-                {"what": f"{name} whole vs {DECODE_BASELINE} whole"} | _max_mean_diff(images, base)
-            )
-    if "nvimgcodec" in backends:
-        regions = run(backends["nvimgcodec"], datas, boxes)
-        cuts = [cut(image, box) for image, box in zip(whole["nvimgcodec"], boxes, strict=True)]
-        results.append(
-            {"what": "nvimgcodec region vs its whole decode, cut"} | _max_mean_diff(regions, cuts)
-        )
-    return results
-
-
-def load_backends(names: list[str]) -> tuple[dict[str, JpegBackend], dict[str, str]]:
-    """loaderbench.decode's backends of these names that load, and why the others do not."""
-    from loaderbench import decode
-
-    usable, missing = {}, {}
-    for name in names:
-        backend = decode.BACKENDS[name]
-        try:
-            backend.load()
-            usable[name] = backend
-        except Exception as error:  # ImportError, or OSError from a native library
-            missing[name] = f"{type(error).__name__}: {error}".splitlines()[0]
-    return usable, missing
-
-
-def decode_case(
-    backend: JpegBackend, kind: str, run: DecodeRunner, data: DecodeSet, batch: int, seconds: float
+def decode_row(
+    label: str,
+    kind: str,
+    make: Callable[[], RowDecoder],
+    data: DecodeSet,
+    batch: int,
+    seconds: float,
+    reference: list[torch.Tensor],
 ) -> dict[str, Any]:
-    """One row: the figures, or why there are none."""
-    row: dict[str, Any] = {"library": backend.name, "kind": kind}
+    """One row: the figures, or why there are none (``absent``: the engine does not exist on
+    this device; ``unavailable``: the library is missing; ``failed``: it raised)."""
+    row: dict[str, Any] = {"library": label, "kind": kind}
     try:
-        row |= time_decode(backend, run, data, kind == "region", batch, seconds)
+        decoder = make()
+    except (ModuleNotFoundError, Unavailable) as error:
+        return row | {"status": "unavailable", "error": f"{type(error).__name__}: {error}"}
+    except Exception as error:  # RuntimeError: no such engine here ("Code: 7"), no CUDA
+        reason = f"{type(error).__name__}: {error}".splitlines()[0]
+        return row | {"status": "absent", "error": reason}
+    region = kind == "region"
+    row["region_decoded"] = region and decoder.region
+    try:
+        row |= time_rows(decoder, data, region, batch, seconds)
+        row |= pillow_difference(decoder, data, region, reference)
         row["status"] = "failed" if row["failed_images"] else "ok"
-    except Exception as error:  # the row says why; the other cases still run
+    except Exception as error:  # the row says why; the other rows still run
         row |= {"status": "failed", "error": f"{type(error).__name__}: {error}"}
-    row["region_decoded"] = kind == "region" and backend.can.region
-    print(f"decode {backend.name} {kind}: {row['status']}, {fmt(row.get('images_per_s'))} img/s")
+    finally:
+        decoder.close()
+    print(f"decode {label} {kind}: {row['status']}, {row.get('images_per_s', 0):,.0f} img/s")
     return row
 
 
@@ -234,12 +193,14 @@ def decode_benchmark(
     seconds: float,
     save: Callable[[dict[str, Any]], None] = lambda result: None,
 ) -> dict[str, Any]:
-    """Every case of DECODE_CASES on ``device_name``; a library that does not load is a row
-    saying why. ``save`` gets the result after every case, so that a library crashing the
-    process (a native library built for another torch) leaves the rows before it."""
+    """Every row of ``cases_for(device)``; ``save`` gets the result after every row, so that a
+    library crashing the process leaves the rows before it."""
+    import os
+
     import torch
 
     from loaderbench import decode
+    from loaderbench.decode import decode_pil
 
     result: dict[str, Any] = {"device": device_name, "batch": batch, "seconds": seconds}
     if device_name == "cuda" and not torch.cuda.is_available():
@@ -247,12 +208,13 @@ def decode_benchmark(
         save(result)
         return result
     device = torch.device(device_name, 0) if device_name == "cuda" else torch.device("cpu")
-    threads = 1 if device.type == "cuda" else (os.cpu_count() or 1)
+    threads = os.cpu_count() or 1
     data = DecodeSet.load(root, limit)
     try:
         choice = decode.backend(device)
+        engines = _engine_order(device)
     except RuntimeError as error:  # no backend works there: the rows say why
-        choice = f"none ({error})"
+        choice, engines = f"none ({error})", []
     result |= {
         "images": len(data.datas),
         "mean_megapixels": data.megapixels,
@@ -260,42 +222,40 @@ def decode_benchmark(
         / (data.megapixels * 1e6 * len(data.boxes)),
         "threads": threads,
         "loaders_choose": choice,
+        "engine_order": engines,
         "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
     }
-    usable, missing = load_backends(list(dict.fromkeys(name for name, _ in DECODE_CASES)))
-    run = DecodeRunner(device, threads)
+    reference = [decode_pil(d) for d in data.datas[:AGREEMENT_IMAGES]]
     result["cases"] = []
-    try:
-        for name, kind in DECODE_CASES:
-            save(result)
-            result["cases"].append(
-                decode_case(usable[name], kind, run, data, batch, seconds)
-                if name in usable
-                else {
-                    "library": name,
-                    "kind": kind,
-                    "status": "unavailable",
-                    "error": missing[name],
-                }
-            )
+    for label, kind in cases_for(device.type):
         save(result)
-        try:
-            result["agreement"] = agreement(usable, run, data, min(64, len(data.datas)))
-        except Exception as error:  # the figures stand without it
-            result["agreement"] = [
-                {"what": "pixel agreement", "error": f"{type(error).__name__}: {error}"}
-            ]
-    finally:
-        run.close()
+
+        def make(label: str = label) -> RowDecoder:
+            return make_row_decoder(label, device, threads)
+
+        result["cases"].append(decode_row(label, kind, make, data, batch, seconds, reference))
     save(result)
     return result
 
 
+def _engine_order(device: torch.device) -> list[str]:
+    """The loaders' nvImageCodec engines on ``device``, first tried first (empty where the
+    loaders decode with another library)."""
+    from loaderbench import decode
+
+    backend = decode.chosen(device)
+    chain = getattr(backend, "chain", None)
+    return [engine.name for engine, _ in chain(device)] if chain else []
+
+
 def decode_exit_code(result: dict[str, Any]) -> int:
-    """0 when every case ran clean; on the CPU (the dry run) a library that is not installed
-    is allowed, on a GPU it is a failure, as is any failed case."""
+    """0 when every row ran clean and the loaders' choice decoded; an engine this device does
+    not have (``absent``) is allowed, a missing library only on the CPU (the dry run)."""
     if result.get("skipped"):
         return 0
-    allowed = {"ok"} if result["device"] == "cuda" else {"ok", "unavailable"}
-    ran = len(result["cases"]) == len(DECODE_CASES)
-    return 0 if ran and all(case.get("status") in allowed for case in result["cases"]) else 1
+    allowed = {"ok", "absent"} if result["device"] == "cuda" else {"ok", "absent", "unavailable"}
+    cases = result.get("cases", [])
+    expected = cases_for(result["device"])
+    ran = [(c["library"], c["kind"]) for c in cases] == expected
+    choice_ok = all(c.get("status") == "ok" for c in cases if c["library"] == CHOICE)
+    return 0 if ran and choice_ok and all(c.get("status") in allowed for c in cases) else 1

@@ -47,8 +47,10 @@ class Engine:
     sequential_only: bool  # takes baseline/extended sequential JPEGs only
     device_type: str  # "cuda" or "cpu"
 
-    def option_string(self) -> str:
-        return " ".join([FANCY_UPSAMPLING, *self.options])
+    def option_string(self, fancy: bool = True) -> str:
+        """Its options; ``fancy=False`` (the decoder table's comparison only) asks for nvJPEG's
+        and libjpeg's simple chroma upsampling, which no loader uses."""
+        return " ".join([FANCY_UPSAMPLING if fancy else ":fancy_upsampling=0", *self.options])
 
 
 ENGINES: dict[str, Engine] = {
@@ -82,18 +84,19 @@ def engines_for(device_type: str) -> list[Engine]:
     return [engine for engine in ENGINES.values() if engine.device_type == device_type]
 
 
-def make_decoder(nv: Any, engine: Engine, device_index: int | None) -> Any:
+def make_decoder(nv: Any, engine: Engine, device_index: int | None, fancy: bool = True) -> Any:
     """A decoder with this engine alone; raises (nvImageCodec's RuntimeError) where the engine
     cannot be created here (no hardware engine, no nvJPEG)."""
     backend = nv.Backend(getattr(nv.BackendKind, engine.backend_kind))
+    options = engine.option_string(fancy)
     if engine.device_type == "cpu":  # the calling thread is the parallelism: one thread each
         return nv.Decoder(
             device_id=nv.NVIMGCODEC_DEVICE_CPU_ONLY,
             max_num_cpu_threads=1,
             backends=[backend],
-            options=engine.option_string(),
+            options=options,
         )
-    return nv.Decoder(device_id=device_index, backends=[backend], options=engine.option_string())
+    return nv.Decoder(device_id=device_index, backends=[backend], options=options)
 
 
 def takes(engine: Engine, sequential: bool) -> bool:
