@@ -261,6 +261,7 @@ def test_the_decoder_table_times_every_decoder_against_pillows_pixels(
     assert "| nvimgcodec cpu | region | ok | " in section and "whole, then cut" in section
     assert "decoded by nvimgcodec:cpu" in section and "not GPU figures" in section
     assert "| nvimgcodec hardware | full | absent |" in section
+    assert re.search(r"full: the loaders' choice decodes at [\d.]+ of the fastest engine", section)
     # The report renders the phase's rows too (its own section).
     assert "| torchcodec | full | ok | " in "\n".join(gpu_report.decode_lines(result))
 

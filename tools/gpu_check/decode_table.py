@@ -82,4 +82,30 @@ def decode_lines(result: dict[str, Any]) -> list[str]:
         for name, kind in cases_for(str(result.get("device")))
         if (name, kind) not in done
     ]
-    return [*lines, "", *table(HEADER, [_cells(c, base) for c in [*cases, *missing]])]
+    rows = table(HEADER, [_cells(c, base) for c in [*cases, *missing]])
+    return [*lines, "", *rows, *choice_against_engines(cases)]
+
+
+def choice_against_engines(cases: list[dict[str, Any]]) -> list[str]:
+    """A line per kind: the loaders' choice's rate against the fastest engine alone (with the
+    loaders' fancy upsampling), which it should match on a GPU with a hardware engine."""
+    lines = []
+    for kind in ("full", "region"):
+        rates = {
+            c["library"]: c["images_per_s"]
+            for c in cases
+            if c["kind"] == kind and c.get("status") == "ok" and c.get("images_per_s")
+        }
+        engines = {
+            label: rate
+            for label, rate in rates.items()
+            if label.startswith("nvimgcodec ") and "(no fancy)" not in label
+        }
+        if CHOICE in rates and engines:
+            best = max(engines, key=engines.__getitem__)
+            share = rates[CHOICE] / engines[best]
+            lines.append(
+                f"- {kind}: the {CHOICE} decodes at {share:.2f} of the fastest engine alone "
+                f"({best}, {fmt(engines[best])} images/s)"
+            )
+    return ["", *lines] if lines else []
