@@ -78,6 +78,35 @@ def test_an_image_one_engine_refuses_is_decoded_by_the_next_and_counted_there() 
         assert isinstance(image, torch.Tensor) and torch.equal(image, pillow(data))
 
 
+class Failing(Chained):
+    """The first engine fails whole batches, as nvImageCodec 0.9.0's GPU ROI decode does on
+    some GPUs (NVIDIA/nvImageCodec#55)."""
+
+    def _decode_with(
+        self, engine: Engine, decoder: Any, streams: list[Any], device: torch.device
+    ) -> list[Any]:
+        if engine is PICKY:
+            raise RuntimeError("Internal error - nvImageCodec failure: '#8'")
+        return super()._decode_with(engine, decoder, streams, device)
+
+
+def test_a_batch_an_engine_fails_goes_to_the_next_saying_so_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    backend = Failing()
+    backend.load()
+    datas = [jpeg(i) for i in range(3)]
+    with caplog.at_level(logging.WARNING, logger="loaderbench.decode"):
+        for _ in range(2):
+            with decoded_by.counting() as counts:
+                images = backend.decode(datas, CPU, [None, (0, 0, 8, 8), None])
+            assert counts == {"nvimgcodec:cpu": 3}, counts
+    assert torch.equal(images[1], pillow(datas[1])[:, :8, :8])
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 1 and "nvimgcodec:picky failed a batch" in lines[0], lines
+    assert "'#8'" in lines[0]
+
+
 def test_the_cpu_engine_counts_its_images_and_names_itself() -> None:
     backend = decode.BACKENDS["nvimgcodec"]
     backend.load()

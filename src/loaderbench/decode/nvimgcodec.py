@@ -220,7 +220,19 @@ class NvImageCodecBackend(JpegBackend):
             todo = [i for i in pending if takes(engine, sequential[i])]
             if not todo:
                 continue
-            out = self._decode_with(engine, decoder, [streams[i] for i in todo], device)
+            try:
+                out = self._decode_with(engine, decoder, [streams[i] for i in todo], device)
+            except RuntimeError as error:  # a whole batch failed (nvImageCodec#55: 0.9.0's GPU
+                # ROI decode fails with INTERNAL_ERROR on some GPUs): its images go on
+                self._warn_once(
+                    f"failed-{engine.name}",
+                    "JPEG decoding on %s: %s failed a batch (%s); its images go to the next "
+                    "engine or to PIL, and are counted there",
+                    device,
+                    self.engine_key(engine),
+                    f"{type(error).__name__}: {error}".splitlines()[0],
+                )
+                out = [None] * len(todo)
             for i, image in zip(todo, out, strict=True):
                 images[i] = image
             done = sum(image is not None for image in out)
@@ -265,10 +277,8 @@ class NvImageCodecBackend(JpegBackend):
             cause = "refused"
             names = ", ".join(e.name for e, _ in before)
             why = f"{names} refused them (nvImageCodec gives no reason)"
-        if cause in self._warned:
-            return
-        self._warned.add(cause)
-        log.warning(
+        self._warn_once(
+            cause,
             "JPEG decoding on %s: images are Huffman-decoded on the CPU (%s): %s; counted as "
             "%s in loader_<split>_decoded_by",
             device,
@@ -276,6 +286,12 @@ class NvImageCodecBackend(JpegBackend):
             why,
             self.engine_key(engine),
         )
+
+    def _warn_once(self, cause: str, message: str, *args: Any) -> None:
+        if cause in self._warned:
+            return
+        self._warned.add(cause)
+        log.warning(message, *args)
 
     def _rates_text(self, device: torch.device) -> str:
         rates = self.gpu_rates.get(device.index if device.index is not None else 0, [])
