@@ -5,7 +5,8 @@ root: ``python -m tools.gpu_check env|data|decode|report`` (``cli.py``) and
 
 cli.py          the command line (__main__.py runs it)
 machine.py      the machine record (env.json)
-decode_bench.py batched JPEG decode through loaderbench.decode's backends (decode.json)
+decode_bench.py the decoder table: batched JPEG decode, each decoder alone and the loaders'
+                choice (decode.json); decode_rows.py its rows, decode_table.py its section
 report.py       report.md from the sweep folders (read by loaderbench.run_folders), the phases,
                 the tests, decode.json and env.json
 markdown.py     the report's table writer and cell format
