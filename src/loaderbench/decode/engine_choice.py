@@ -36,7 +36,7 @@ KEY_VERSION = 1
 CPU_HUFFMAN_MARGIN = 1.10
 LIBRARIES = ("nvidia-nvimgcodec-cu13", "nvidia-nvimgcodec-cu12", "nvidia-nvjpeg", "torch")
 # The measurement: a batch of this many JPEGs of ImageNet's typical size, timed this many times.
-BATCH, ROUNDS, SIZE = 64, 3, (500, 375)
+BATCH, ROUNDS, SIZE = 128, 5, (500, 375)
 
 
 @dataclass(frozen=True)
