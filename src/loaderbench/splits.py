@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import os
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -66,17 +67,34 @@ class PathTable(Sequence[str]):
     __hash__ = None  # type: ignore[assignment]
 
 
+# Files a thread stats at a time, and the threads: os.stat releases the GIL, so on a network
+# file system (a round trip a file) the threads overlap their waits; on a local disk they cost
+# little more than one loop (docs/measurements.md, "Checking the dataset index").
+STAT_CHUNK = 4096
+STAT_THREADS = 16
+
+
 def stat_files(paths: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
-    """Sizes and modification times (ns) of ``paths``; -1 for a file gone since discovery
-    (the loaders skip it, naming it)."""
+    """Sizes and modification times (ns) of ``paths``, stat-ed by a pool of threads; -1 for a
+    file gone since discovery (the loaders skip it, naming it)."""
     sizes = np.full(len(paths), -1, dtype=np.int64)
     mtimes = np.full(len(paths), -1, dtype=np.int64)
-    for i, path in enumerate(paths):
-        try:
-            st = os.stat(path)
-        except OSError:
-            continue
-        sizes[i], mtimes[i] = st.st_size, st.st_mtime_ns
+
+    def stat_chunk(start: int) -> None:
+        for i in range(start, min(start + STAT_CHUNK, len(paths))):
+            try:
+                st = os.stat(paths[i])
+            except OSError:
+                continue
+            sizes[i], mtimes[i] = st.st_size, st.st_mtime_ns
+
+    starts = range(0, len(paths), STAT_CHUNK)
+    if len(starts) <= 1:
+        for start in starts:
+            stat_chunk(start)
+    else:
+        with ThreadPoolExecutor(min(STAT_THREADS, len(starts))) as pool:
+            list(pool.map(stat_chunk, starts))
     return sizes, mtimes
 
 
@@ -132,12 +150,19 @@ class Split:
         return digest.hexdigest()[:16]
 
 
+INDEX_CHECKS = ("files", "folders")  # dataset.index_check
+
+
 @dataclass(frozen=True)
 class DatasetIndex:
     root: Path
     classes: tuple[str, ...]
     train: Split
     val: Split
+    # How the saved index was found current: "files" (every file's size and mtime), "folders"
+    # (their mtimes only), "scan" (no saved index: scanned in this run). Metric dataset_index_check.
+    checked: str = "scan"
+    files_changed: int = 0  # files whose size or mtime the index had wrong (rewritten in place)
 
     @property
     def num_classes(self) -> int:
