@@ -202,6 +202,38 @@ def folder_index(root: Path):
     return discover(cfg)
 
 
+def rewrite_in_place(path: Path, colour: tuple[int, int, int], same_size: bool = False) -> None:
+    """Another photo written over ``path`` itself (Pillow's save, as mogrify or a CMYK fix
+    does): its folder's mtime stays as it was. ``same_size``: padded with a JPEG comment to
+    the old file's size exactly, so only the mtime tells it apart."""
+    import io
+
+    from PIL import Image
+
+    folder_mtime = path.parent.stat().st_mtime_ns
+    size, quality = path.stat().st_size, 95
+    while True:
+        buffer = io.BytesIO()
+        Image.new("RGB", (47, 41), colour).save(buffer, "JPEG", quality=quality)
+        data = buffer.getvalue()
+        if not same_size or len(data) + 4 <= size:
+            break
+        quality -= 10  # too big to pad to the old size: a smaller encoding
+        assert quality > 0, f"cannot encode a JPEG smaller than {path} ({size} bytes)"
+    if same_size:  # SOI, then COM segments (FFFE, 2-byte length, text) filling the difference
+        comments, missing = b"", size - len(data)
+        while missing:
+            length = min(missing - 2, 65535) if missing - 2 <= 65535 else 32768
+            comments += b"\xff\xfe" + length.to_bytes(2, "big") + b"\0" * (length - 2)
+            missing -= length + 2
+        data = data[:2] + comments + data[2:]
+        assert len(data) == size
+    with open(path, "r+b") as file:  # over the same inode, as an in-place editor writes
+        file.truncate(0)
+        file.write(data)
+    assert path.parent.stat().st_mtime_ns == folder_mtime
+
+
 def cpu_spec(split, train: bool, loader: str = "torchvision", **overrides):
     """A small LoaderSpec on the CPU for ``loader``; keyword arguments override the fields of
     the spec or of the loader's typed settings (``cache_dir=...``, ``decoder=...``)."""

@@ -38,7 +38,15 @@ from loaderbench.runtime import PRECISIONS
 from loaderbench.session import Session
 from loaderbench.tracking import NullLogger
 from loaderbench.validation import validate_config
-from tests.conftest import cpu_spec, folder_index, free_ports, read_metrics, run_dirs, run_entry
+from tests.conftest import (
+    cpu_spec,
+    folder_index,
+    free_ports,
+    read_metrics,
+    rewrite_in_place,
+    run_dirs,
+    run_entry,
+)
 from tests.test_config import compose_cfg
 
 FP32 = PRECISIONS["fp32"][0]
@@ -275,16 +283,19 @@ def test_a_cold_run_with_auto_evicts_after_the_probe(tiny_root: Path, tmp_path: 
 def test_a_changed_probe_setting_or_an_image_replaced_in_place_probes_again(
     tiny_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """memmap remembers choices in its cache folder. The same run again reuses the choice;
-    ``loader.autotune.tolerance=0.01`` (the default 0.05 before) probes again, and so does a
-    train image replaced in place by another photo (same name, folder and image count: the
-    split's fingerprint changes)."""
+    """memmap remembers choices in its cache folder, the dataset index on as by default. The
+    same run again reuses the choice; ``loader.autotune.tolerance=0.01`` (the default 0.05
+    before) probes again, and so does a train image rewritten in place with another photo's
+    pixels at the same size (same name, folder mtime and image count): the index's per-file
+    check sees it, and the split's fingerprint changes."""
     monkeypatch.setenv("SLURM_CPUS_PER_TASK", "1")
     root = shutil.copytree(tiny_root, tmp_path / "data")
     remembered = [f"loader.cache_dir={tmp_path / 'cache'}"]
+    indexed = f"dataset.index_dir={tmp_path / 'index'}"
 
     def run(*overrides: str) -> dict:
-        return settle(make_session(root, tmp_path, *remembered, *overrides, loader="memmap"))
+        session = make_session(root, tmp_path, *remembered, indexed, *overrides, loader="memmap")
+        return settle(session)
 
     first = run()
     assert first["autotune_reused"] is False
@@ -293,10 +304,7 @@ def test_a_changed_probe_setting_or_an_image_replaced_in_place_probes_again(
     tighter = run("loader.autotune.tolerance=0.01")
     assert tighter["autotune_reused"] is False
     assert tighter["autotune_key"] != first["autotune_key"]
-    # The first train image rewritten in place, as a new photo of the same name: same folder,
-    # same image count, another file.
-    image = Path(folder_index(root).train.paths[0])
-    image.write_bytes(Path(folder_index(root).train.paths[1]).read_bytes())
+    rewrite_in_place(Path(folder_index(root).train.paths[0]), (20, 20, 250), same_size=True)
     replaced = run()
     assert replaced["autotune_reused"] is False
     assert replaced["autotune_key"] != first["autotune_key"]

@@ -352,6 +352,7 @@ def test_bench_scale_quick_measures_start_up_and_worker_memory(tmp_path: Path) -
     result = json.loads((tmp_path / "scale.json").read_text())
     assert result["files"] == 20 * 15 and result["train_files"] == 20 * 12
     assert result["first_scan_s"] > 0 and result["index_load_s"] > 0
+    assert result["index_load_folders_s"] > 0
     assert result["reopen_cache_built"] is False  # the second memmap run reopened its cache
     for key in ("scan_run_first_batch_s", "index_run_first_batch_s", "reopen_first_batch_s"):
         assert 0 < result[key] < 600

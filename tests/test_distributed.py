@@ -38,10 +38,14 @@ def test_shard_indices_cover_the_epoch_once() -> None:
 
 
 def start_torchrun(
-    *args: str, cwd: Path, nproc: int = 2, script: Path = REPO / "train.py"
+    *args: str,
+    cwd: Path,
+    nproc: int = 2,
+    script: Path = REPO / "train.py",
+    launcher: str = "torch.distributed.run",
 ) -> subprocess.Popen:
-    """train.py (or ``script``) under torchrun, ``nproc`` processes on this machine; output on
-    ``stdout``, as it comes."""
+    """train.py (or ``script``) under torchrun (or ``launcher``, a module taking torchrun's
+    arguments), ``nproc`` processes on this machine; output on ``stdout``, as it comes."""
     env = {
         **os.environ,
         "WANDB_MODE": "offline",
@@ -52,7 +56,7 @@ def start_torchrun(
         [
             sys.executable,
             "-m",
-            "torch.distributed.run",
+            launcher,
             "--standalone",
             f"--nproc_per_node={nproc}",
             str(script),

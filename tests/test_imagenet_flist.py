@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import random
 import shutil
-import time
 from pathlib import Path
 
 import pytest
@@ -18,7 +17,13 @@ from torch import Tensor
 from loaderbench.config import DatasetConfig
 from loaderbench.data import DatasetError, DatasetIndex, discover, parse_wnid
 from loaderbench.loaders import build_loader, loader_names
-from tests.conftest import cpu_spec, loader_folders, run_entry, single_run
+from tests.conftest import (
+    cpu_spec,
+    loader_folders,
+    rewrite_in_place,
+    run_entry,
+    single_run,
+)
 
 pytestmark = pytest.mark.filterwarnings(
     "ignore:The image decoding and encoding capabilities of TorchVision:DeprecationWarning"
@@ -174,13 +179,11 @@ def val_images(index: DatasetIndex, loader_name: str, cache_dir: Path) -> tuple[
         return getattr(getattr(loader, "cache", None), "path", None), images
 
 
-def replace_image(path: Path, colour: tuple[int, int, int], in_place: bool) -> None:
-    """A different photo at ``path``: written beside it and renamed over it (rsync, mv), or
-    rewritten in place (its folder unchanged)."""
-    written = path if in_place else path.with_name(f".{path.name}.partial")
+def replace_image(path: Path, colour: tuple[int, int, int]) -> None:
+    """A different photo at ``path``, written beside it and renamed over it (rsync, mv)."""
+    written = path.with_name(f".{path.name}.partial")
     Image.new("RGB", (47, 41), colour).save(written, "JPEG", quality=95)
-    if not in_place:
-        os.replace(written, path)
+    os.replace(written, path)
 
 
 @pytest.mark.parametrize("layout", ["imagenet_flist", "folder"])
@@ -190,7 +193,8 @@ def test_an_image_replaced_on_disk_is_served_new_by_memmap_like_the_other_loader
     """The memmap cache is keyed by the split's fingerprint (the files' sizes and mtimes, from
     the saved dataset index). A file list once watched only the lists, so an image replaced
     under it kept the index, the fingerprint and the cache: memmap served the old photo while
-    torchvision read the new one. Now its images' folders are watched, as a folder scan's."""
+    torchvision read the new one. Now its images' folders are watched, as a folder scan's,
+    and every file's size and mtime is checked (a file rewritten in place changes no folder)."""
     root = tmp_path / "data"
     shutil.copytree(tiny_root, root)
     lists = write_file_lists(root, tmp_path) if layout == "imagenet_flist" else None
@@ -198,7 +202,7 @@ def test_an_image_replaced_on_disk_is_served_new_by_memmap_like_the_other_loader
     index = discover_indexed(root, index_dir, lists)
     first_cache, before = val_images(index, "memmap", cache_dir)
     target = Path(index.val.paths[5])
-    replace_image(target, (250, 20, 20), in_place=False)
+    replace_image(target, (250, 20, 20))
 
     index = discover_indexed(root, index_dir, lists)
     new_cache, served = val_images(index, "memmap", cache_dir)
@@ -207,15 +211,18 @@ def test_an_image_replaced_on_disk_is_served_new_by_memmap_like_the_other_loader
     assert torch.equal(served, read) and not torch.equal(served[5], before[5])
     assert torch.equal(served[:5], before[:5]) and torch.equal(served[6:], before[6:])
 
-    # Rewritten in place, a file changes no folder: ``dataset.rescan=true`` (documented) sees it.
-    replace_image(target, (20, 20, 250), in_place=True)
-    (saved,) = index_dir.glob("dataset-*.npz")
-    an_hour_ago = time.time() - 3600  # a later job's rescan (one per job: see dataset_index)
-    os.utime(saved, (an_hour_ago, an_hour_ago))
-    index = discover_indexed(root, index_dir, lists, rescan=True)
-    _, served = val_images(index, "memmap", cache_dir)
+    # Rewritten in place (same size, same folder mtime), a file changes no folder: the index's
+    # per-file check (the default) sees it, and every loader serves the new pixels.
+    rewrite_in_place(target, (20, 20, 250), same_size=True)
+    index = discover_indexed(root, index_dir, lists)
+    assert index.files_changed == 1
+    newest_cache, served = val_images(index, "memmap", cache_dir)
     _, read = val_images(index, "torchvision", cache_dir)
+    _, spdl = val_images(index, "spdl", cache_dir)
+    assert newest_cache != new_cache
     assert torch.equal(served, read) and served[5, 2].float().mean() > 200  # blue now
+    assert spdl[5, 2].float().mean() > 200 and spdl[5, 0].float().mean() < 60
+    assert torch.equal(served[:5], before[:5]) and torch.equal(served[6:], before[6:])
 
 
 def test_a_listed_image_whose_folder_appears_later_rescans(tiny_root: Path, tmp_path: Path) -> None:

@@ -29,6 +29,7 @@ from loaderbench.loaders import LoaderSettings, loader_names, settings_class
 from loaderbench.loaders.settings import Check
 from loaderbench.optim import OPTIMIZERS, SCHEDULES
 from loaderbench.runtime import DEVICE_TYPES, PRECISIONS
+from loaderbench.splits import INDEX_CHECKS
 
 ON_ERROR = ("skip", "raise")
 
@@ -81,8 +82,12 @@ class DatasetConfig:
     # Where the dataset index (one scan of the tree, loaded by every rank and later run) is
     # kept; null: scan on every run. See loaderbench.dataset_index.
     index_dir: str | None = "cache"
-    # Scan the tree again instead of loading a saved index (files rewritten in place).
+    # Scan the tree again instead of loading a saved index.
     rescan: bool = False
+    # How a saved index is checked against the disk, once a job: files (every file's size and
+    # mtime, in parallel: sees a file rewritten in place) or folders (their mtimes only: for
+    # file systems where per-file stats are slow; a file rewritten in place needs rescan=true).
+    index_check: str = "files"
 
     def checks(self) -> list[Check]:
         return [
@@ -95,6 +100,11 @@ class DatasetConfig:
                 self.max_image_pixels is None or self.max_image_pixels >= 1,
                 "dataset.max_image_pixels must be >= 1 or null",
                 self.max_image_pixels,
+            ),
+            (
+                self.index_check in INDEX_CHECKS,
+                f"dataset.index_check must be one of {list(INDEX_CHECKS)}",
+                self.index_check,
             ),
             (
                 self.on_error in ON_ERROR,

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -175,8 +176,9 @@ def watch_folders(paths: Sequence[str], watched: dict[str, int]) -> None:
     """Put the folders holding ``paths`` into ``watched``, with their mtimes, as an ImageFolder
     scan does its own: an image replaced (written beside it, then renamed over it, as rsync and
     mv do), removed or added changes its folder's mtime, so the saved index is rescanned and the
-    split's fingerprint (the files' sizes and mtimes: the memmap cache's key) follows, without
-    stat-ing every file on every run. ``MISSING_MTIME`` for a folder that is not there (yet)."""
+    split's fingerprint (the files' sizes and mtimes: the memmap cache's key) follows. (A file
+    rewritten in place is seen by the per-file check: ``dataset_index``.) ``MISSING_MTIME`` for
+    a folder that is not there (yet)."""
     for folder in sorted({os.path.dirname(path) for path in paths}):
         try:
             watched[folder] = os.stat(folder).st_mtime_ns
@@ -214,8 +216,7 @@ def discover(dataset: DatasetConfig) -> DatasetIndex:
     if dataset.index_dir is None:
         index = scan()[0]
     else:
-        index = indexed(root, lists, resolve_path(dataset.index_dir), scan, rescan=dataset.rescan)
+        index_dir = resolve_path(dataset.index_dir)
+        index = indexed(root, lists, index_dir, scan, dataset.rescan, dataset.index_check)
     limit = dataset.max_images
-    return DatasetIndex(
-        index.root, index.classes, _limit(index.train, limit), _limit(index.val, limit)
-    )
+    return replace(index, train=_limit(index.train, limit), val=_limit(index.val, limit))

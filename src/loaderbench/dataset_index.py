@@ -5,12 +5,15 @@ and minutes on the network file systems clusters keep it on, times the ranks of 
 first process to get here scans, under a lock, and writes ``dataset-<key>.npz`` into
 ``dataset.index_dir`` (next to the memmap caches): classes, paths relative to the root (one
 byte buffer), labels, sizes and modification times; the other ranks wait for it and load it,
-and so do later runs. An index is used only while it is current: the folders walked (or the
-file lists read, and the folders holding their images) still have the mtimes recorded, so
-adding, removing, renaming or replacing a file (rsync, mv: a new file renamed over the old)
-rescans by itself, for both layouts alike. A file rewritten in place changes no folder:
-``dataset.rescan=true`` scans anew (once per job: an index written since this process started
-is taken as that rescan).
+and so do later runs. A saved index is used only while its folders (or file lists, and the
+folders holding their images) keep the mtimes recorded: a file added, removed or renamed over
+rescans. A file rewritten in place changes no folder, so by default (``dataset.index_check=
+files``) every file's size and mtime is checked against the index too, by threads; the files
+found changed are named and their new stats saved, which changes the memmap caches' and the
+``auto`` choice's keys. In a job of several ranks the first checks (an index written or
+checked since a rank started is taken as its job's check). ``dataset.index_check=folders``
+skips the per-file check (slow per-file stats: docs/imagenet_and_slurm.md);
+``dataset.rescan=true`` scans anew.
 """
 
 from __future__ import annotations
@@ -22,13 +25,14 @@ import logging
 import os
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import psutil
 
 from loaderbench.locking import FileLock, atomic_write
-from loaderbench.splits import DatasetIndex, PathTable, Scanned, Split
+from loaderbench.splits import DatasetIndex, PathTable, Scanned, Split, stat_files
 
 log = logging.getLogger(__name__)
 
@@ -73,8 +77,9 @@ def is_current(watched: dict[str, int]) -> bool:
     return True
 
 
-def load_index(path: Path, root: Path) -> DatasetIndex | None:
-    """The saved index, if it is there, of this version and root, and current."""
+def load_index(path: Path, root: Path) -> tuple[DatasetIndex, dict[str, int]] | None:
+    """The saved index and what it watches, if it is there, of this version and root, and its
+    folders current."""
     try:
         with np.load(path) as saved:
             arrays = {key: saved[key] for key in saved.files}
@@ -94,7 +99,58 @@ def load_index(path: Path, root: Path) -> DatasetIndex | None:
         blob, offsets, labels, sizes, mtimes = (arrays[f"{name}_{k}"] for k in SPLIT_ARRAYS)
         return Split(name, PathTable(prefix, blob, offsets), labels, str(root), (sizes, mtimes))
 
-    return DatasetIndex(root, tuple(meta["classes"]), split("train"), split("val"))
+    index = DatasetIndex(root, tuple(meta["classes"]), split("train"), split("val"))
+    return index, meta["watched"]
+
+
+def restat(index: DatasetIndex) -> tuple[DatasetIndex, list[str]]:
+    """The index with every file's size and mtime as they are now, and the files whose stats
+    it had wrong (rewritten in place: their folders kept their mtimes)."""
+    changed: list[str] = []
+    splits = {}
+    for split in (index.train, index.val):
+        assert split.stats is not None
+        sizes, mtimes = stat_files(split.paths)
+        moved = np.flatnonzero((sizes != split.stats[0]) | (mtimes != split.stats[1]))
+        changed += [split.paths[i] for i in moved]
+        splits[split.name] = replace(split, stats=(sizes, mtimes)) if len(moved) else split
+    restated = replace(index, train=splits["train"], val=splits["val"], files_changed=len(changed))
+    return restated, changed
+
+
+def job_ranks() -> int:
+    """The processes of this job that load the index (torchrun's and SLURM's world size)."""
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def checked_files(path: Path, index: DatasetIndex, watched: dict[str, int]) -> DatasetIndex:
+    """``index`` checked file by file; saved again with the new stats when some changed, else
+    (in a job of several ranks) touched, so that its other ranks take it as checked."""
+    begun = time.perf_counter()
+    index, changed = restat(index)
+    files = len(index.train) + len(index.val)
+    seconds = time.perf_counter() - begun
+    if changed:
+        save_index(path, index, watched)
+        log.warning(
+            "dataset: %d of %d files changed since the dataset index (rewritten in place): %s%s; "
+            "read anew (memmap rebuilds its cache, num_workers=auto probes again)",
+            len(changed),
+            files,
+            ", ".join(changed[:5]),
+            ", ..." if len(changed) > 5 else "",
+        )
+    elif job_ranks() > 1:
+        os.utime(path)
+    log.info(
+        "dataset index checked: %d files' sizes and mtimes and %d folders' mtimes in %.2f s "
+        "(dataset.index_check=files); %d changed",
+        files,
+        len(watched),
+        seconds,
+        len(changed),
+    )
+    return replace(index, checked="files")
 
 
 def indexed(
@@ -103,18 +159,31 @@ def indexed(
     index_dir: Path,
     scan: Callable[[], Scanned],
     rescan: bool = False,
+    check: str = "files",
 ) -> DatasetIndex:
-    """The data set's index: loaded when current, else scanned (by one process at a time)."""
+    """The data set's index: loaded when current (``check``: checked file by file, or by its
+    folders only), else scanned (by one process at a time)."""
     path = index_file(index_dir, root, lists)
     started = psutil.Process().create_time()
     lock = FileLock(path.with_suffix(".lock"), f"Waiting for another process scanning {root} ...")
     with lock:
-        fresh = path.exists() and path.stat().st_mtime > started  # a rank of this job rescanned
+        # Written or checked since this process started: by a rank of this job.
+        fresh = path.exists() and path.stat().st_mtime > started
         if not rescan or fresh:
             loaded = load_index(path, root)
             if loaded is not None:
+                index, watched = loaded
                 log.info("dataset index %s loaded", path)
-                return loaded
+                if check == "folders":
+                    log.info(
+                        "dataset index checked: %d folders' mtimes only (dataset.index_check="
+                        "folders): a file rewritten in place is not seen",
+                        len(watched),
+                    )
+                    return replace(index, checked="folders")
+                if fresh and job_ranks() > 1:
+                    return replace(index, checked="files")  # this job's first rank checked it
+                return checked_files(path, index, watched)
         begun = time.perf_counter()
         index, watched = scan()
         save_index(path, index, watched)

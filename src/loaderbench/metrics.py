@@ -131,6 +131,17 @@ METRICS: tuple[Metric, ...] = (
         digits=None,
         per_rank=True,
     ),
+    Metric(
+        "dataset_index_check",
+        "how the saved dataset index was found current: files (every file's size and mtime), "
+        "folders (dataset.index_check=folders: their mtimes only), scan (scanned in this run)",
+        digits=None,
+    ),
+    Metric(
+        "dataset_files_changed",
+        "files the dataset index's check found changed (rewritten in place); read anew",
+        digits=None,
+    ),
     Metric("decoded_by", "what decoded the images, per split", summary=True, digits=None),
     Metric("top1", "validation top-1 accuracy (0 to 1)", summary=True),
     Metric("top5", "validation top-5 accuracy (0 to 1)", summary=True),

@@ -310,6 +310,8 @@ def dataset_metrics(dataset: DatasetIndex) -> dict[str, Any]:
         "train_size": len(dataset.train),
         "val_size": len(dataset.val),
         "dataset_root": str(dataset.root),
+        "dataset_index_check": dataset.checked,
+        "dataset_files_changed": dataset.files_changed,
     }
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import os
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,6 +44,14 @@ class PathTable(Sequence[str]):
         blob = np.frombuffer(b"".join(encoded), dtype=np.uint8)
         return cls(prefix, blob, offsets)
 
+    def as_list(self) -> list[str]:
+        """Every path, decoded in one go (a loop over ``self[i]`` costs a slice and a decode
+        each: most of a per-file check's time)."""
+        if len(self) == 0:
+            return []
+        names = np.insert(self.blob, self.offsets[1:-1], 0).tobytes().decode().split("\0")
+        return [self.prefix + name for name in names]
+
     def relative(self, index: int) -> str:
         return self.blob[self.offsets[index] : self.offsets[index + 1]].tobytes().decode()
 
@@ -66,18 +75,37 @@ class PathTable(Sequence[str]):
     __hash__ = None  # type: ignore[assignment]
 
 
+# Files a thread stats at a time, and the threads: os.stat releases the GIL, so on a network
+# file system (a round trip a file) the threads overlap their waits; on a local disk they cost
+# little more than one loop (docs/measurements.md, "Checking the dataset index").
+STAT_CHUNK = 4096
+STAT_THREADS = 16
+
+
 def stat_files(paths: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
-    """Sizes and modification times (ns) of ``paths``; -1 for a file gone since discovery
-    (the loaders skip it, naming it)."""
-    sizes = np.full(len(paths), -1, dtype=np.int64)
-    mtimes = np.full(len(paths), -1, dtype=np.int64)
-    for i, path in enumerate(paths):
-        try:
-            st = os.stat(path)
-        except OSError:
-            continue
-        sizes[i], mtimes[i] = st.st_size, st.st_mtime_ns
-    return sizes, mtimes
+    """Sizes and modification times (ns) of ``paths``, stat-ed by a pool of threads; -1 for a
+    file gone since discovery (the loaders skip it, naming it)."""
+    names = paths.as_list() if isinstance(paths, PathTable) else list(paths)
+
+    def stat_chunk(start: int) -> list[tuple[int, int]]:
+        stats = []
+        for name in names[start : start + STAT_CHUNK]:
+            try:
+                st = os.stat(name)
+            except OSError:
+                stats.append((-1, -1))
+                continue
+            stats.append((st.st_size, st.st_mtime_ns))
+        return stats
+
+    starts = range(0, len(names), STAT_CHUNK)
+    if len(starts) <= 1:
+        chunks = [stat_chunk(start) for start in starts]
+    else:
+        with ThreadPoolExecutor(min(STAT_THREADS, len(starts))) as pool:
+            chunks = list(pool.map(stat_chunk, starts))
+    table = np.array([st for chunk in chunks for st in chunk], dtype=np.int64).reshape(-1, 2)
+    return np.ascontiguousarray(table[:, 0]), np.ascontiguousarray(table[:, 1])
 
 
 @dataclass(frozen=True, eq=False)
@@ -132,12 +160,19 @@ class Split:
         return digest.hexdigest()[:16]
 
 
+INDEX_CHECKS = ("files", "folders")  # dataset.index_check
+
+
 @dataclass(frozen=True)
 class DatasetIndex:
     root: Path
     classes: tuple[str, ...]
     train: Split
     val: Split
+    # How the saved index was found current: "files" (every file's size and mtime), "folders"
+    # (their mtimes only), "scan" (no saved index: scanned in this run). Metric dataset_index_check.
+    checked: str = "scan"
+    files_changed: int = 0  # files whose size or mtime the index had wrong (rewritten in place)
 
     @property
     def num_classes(self) -> int:

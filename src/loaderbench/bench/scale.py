@@ -5,7 +5,8 @@ On a generated 1000-class tree of 250,000 small real JPEGs (plus 10,000 val), ca
 leaves; the memmap jpeg store's build rate; the second run's reopen of a built cache and its
 wait from process start to the first batch; and the memory of 8 DataLoader worker processes over
 one epoch, with the paths in the index's byte buffer against the same paths as a tuple of
-Python strings (what workers copy page by page as they touch them). Each figure is projected to
+Python strings (what workers copy page by page as they touch them). The index load is timed
+with its per-file check (the default) and with folders only. Each figure is projected to
 ImageNet's 1,281,167 train files. Writes ``bench/scale.md`` and ``bench/scale.json``;
 ``--quick`` runs a small tree (the test).
 """
@@ -37,10 +38,10 @@ import json, sys, time
 from omegaconf import OmegaConf
 from loaderbench.config import DatasetConfig
 from loaderbench.data import discover
-root, index_dir, rescan = sys.argv[1], sys.argv[2], sys.argv[3] == "true"
+root, index_dir, rescan, check = sys.argv[1], sys.argv[2], sys.argv[3] == "true", sys.argv[4]
 start = time.perf_counter()
-index = discover(OmegaConf.structured(
-    DatasetConfig(name="folder", root=root, index_dir=index_dir, rescan=rescan)))
+index = discover(OmegaConf.structured(DatasetConfig(
+    name="folder", root=root, index_dir=index_dir, rescan=rescan, index_check=check)))
 print(json.dumps({"s": time.perf_counter() - start, "files": len(index.train) + len(index.val)}))
 """
 
@@ -53,9 +54,10 @@ class Options:
     data_parent: Path
 
 
-def discover_s(root: Path, index_dir: Path, rescan: bool) -> dict[str, Any]:
-    """One discovery in a fresh process: its seconds and the files found."""
-    args = [sys.executable, "-c", DISCOVER, str(root), str(index_dir), str(rescan).lower()]
+def discover_s(root: Path, index_dir: Path, rescan: bool, check: str = "files") -> dict[str, Any]:
+    """One discovery in a fresh process (``check``: dataset.index_check): its seconds and the
+    files found."""
+    args = [sys.executable, "-c", DISCOVER, str(root), str(index_dir), str(rescan).lower(), check]
     done = subprocess.run(args, capture_output=True, text=True, check=True)
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -122,6 +124,7 @@ def measure(opts: Options) -> dict[str, Any]:
     index_dir = opts.work / "index"
     scan = discover_s(root, index_dir, rescan=True)
     load = discover_s(root, index_dir, rescan=False)
+    load_folders = discover_s(root, index_dir, rescan=False, check="folders")
     jpeg = ["loader=memmap", "loader.store=jpeg", "image_size=32", "bench.max_batches=2"]
     build = entry_run(opts, root, "train.py", *jpeg, "dataset.max_images=20000")
     cached = ["loader=memmap", "image_size=32", "bench.max_batches=2"]
@@ -142,6 +145,7 @@ def measure(opts: Options) -> dict[str, Any]:
         "train_files": len(train),
         "first_scan_s": scan["s"],
         "index_load_s": load["s"],
+        "index_load_folders_s": load_folders["s"],
         "jpeg_build_images_per_s": build["loader_train_cache_build_images_per_s"],
         "jpeg_build_workers": build["loader_train_cache_build_workers"],
         "reopen_first_batch_s": first_batch_s(second),
@@ -177,10 +181,16 @@ def report_lines(result: dict[str, Any]) -> list[str]:
             f"{result['first_scan_s'] * scale:,.1f} s",
         ),
         row(
-            "dataset index load",
+            "dataset index load, every file checked (default)",
             result["index_load_s"],
             "s",
             f"{result['index_load_s'] * scale:,.2f} s",
+        ),
+        row(
+            "dataset index load, folders only (dataset.index_check=folders)",
+            result["index_load_folders_s"],
+            "s",
+            f"{result['index_load_folders_s'] * scale:,.2f} s",
         ),
         row(
             "eval.py, process start to first batch, first run (scans)",
