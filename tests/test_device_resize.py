@@ -96,7 +96,7 @@ def test_val_regions_resize_then_cut_like_the_plan() -> None:
     plans = [val_region_plan(int(i.shape[-2]), int(i.shape[-1]), 32) for i in images]
     regions = [
         i[:, p.box[0] : p.box[0] + p.box[2], p.box[1] : p.box[1] + p.box[3]]
-        for i, p in zip(images, plans)
+        for i, p in zip(images, plans, strict=True)
     ]
     local = [
         apply_plan(region, type(p)(box=(0, 0, *p.box[2:]), resize=p.resize, crop=p.crop))

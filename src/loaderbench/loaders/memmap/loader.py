@@ -27,8 +27,9 @@ relied on and faster:
 * a ``store=jpeg`` batch is decoded by one batched call in the reading threads on the CPU, or on
   CUDA by each reading thread's own batched nvJPEG decoder (``loaderbench.decode``, the spdl
   loader's decoder) and resized as one batch on the thread's stream (``resize_images``). A
-  train image's box is drawn in the stored image's coordinates before it is decoded, and only the box is decoded (where the backend decodes regions), then
-  resized: the same pixels as a whole decode cut to the box.
+  train image's box is drawn in the stored image's coordinates before it is decoded, and only
+  the box is decoded (where the backend decodes regions), then resized: the same pixels as a
+  whole decode cut to the box.
 
 The gather writes straight into buffers from a bounded pool (``loaderbench.buffers``), pinned
 on CUDA; tensordict's ``pin_memory()`` would copy an already gathered batch once more, so
