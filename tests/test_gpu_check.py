@@ -202,7 +202,9 @@ def test_the_report_states_each_rows_share_of_its_models_ceiling(tmp_path: Path)
     assert fracs == [1.0, 0.75, None, 0.5]  # no resnet18 ceiling; a job's own figure kept
     assert "images_per_s" not in rows[3].metrics
     lines = gpu_report.rows_table(rows)
-    assert lines[0].startswith("| loader | workers | status | model | images_per_s | ceiling_frac")
+    assert lines[0].startswith(
+        "| loader | workers | status | model | images_per_s | ceiling_frac | ceiling_images_per_s"
+    )
 
 
 # ---------------------------------------------------------------------------------------------

@@ -23,6 +23,9 @@ from pathlib import Path
 
 MULTIRUN_START_S = 7.0
 JOB_SETUP_S = 3.0
+# A job with a model also measures its model's ceiling (bench.ceiling_batches, 10 by default,
+# after warm-up) on the batch it trains on: ~1 s at resnet50's rate.
+CEILING_PASS_S = 1.5
 CACHE_BUILD_S = 6.0
 TORCHVISION_SPAWN_S = 3.0
 # The check's data set (gpu_check.sh's data phase) and batch.
@@ -106,6 +109,9 @@ def sweep_estimate(name: str, jobs: int, overrides: list[str], built: set[str]) 
         variants = [_override(overrides, "loader.decoder") or "turbo"]
     start = MULTIRUN_START_S + jobs * JOB_SETUP_S
     parts = [f"{jobs} x {JOB_SETUP_S:.0f} s set-up"]
+    if _override(overrides, "model") != "none" and loader != "resident":
+        start += jobs * CEILING_PASS_S
+        parts.append(f"{jobs} x {CEILING_PASS_S:.1f} s ceiling pass")
     if loader == "torchvision":
         start += jobs * TORCHVISION_SPAWN_S
         parts.append(f"{jobs} x {TORCHVISION_SPAWN_S:.0f} s worker processes")

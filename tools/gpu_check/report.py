@@ -24,8 +24,9 @@ from tools.gpu_check.markdown import fmt, short, table
 from tools.gpu_check.sharing import sharing_lines
 
 # The figures a row shows, from each job's metrics.json, in this order, by their names in the
-# metric catalog. ceiling_frac: the job's own, else its images/s over this check's
-# ``loader=resident`` rate with the same model. cpu_s_per_1k_images is CPU ms per image.
+# metric catalog. ceiling_frac: the job's own (over its own resident pass, or its sweep's
+# resident job), else its images/s over this check's ``loader=resident`` rate with the same
+# model. cpu_s_per_1k_images is CPU ms per image.
 # skipped_files: a decoder that fails on every image (a library that loads but cannot decode
 # here) shows up there.
 CEILING = "ceiling_frac"
@@ -33,6 +34,7 @@ ROW_METRICS = (
     "model",
     "images_per_s",
     CEILING,
+    "ceiling_images_per_s",
     "steady_batches",
     "images_per_s_end_to_end",
     "data_wait_frac",
