@@ -54,7 +54,7 @@ def parser() -> argparse.ArgumentParser:
     share.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     share.add_argument("--backend", choices=("hw", "hybrid"), default="hw")
     share.add_argument("--images", type=int, default=1024, help="at most this many train JPEGs")
-    share.add_argument("--seconds", type=float, default=2.0, help="each mode's time")
+    share.add_argument("--seconds", type=float, default=1.5, help="each mode's time")
     rep = sub.add_parser("report", help="write the markdown report")
     rep.add_argument("--out", type=Path, required=True)
     rep.add_argument("--runs", type=Path, required=True)

@@ -27,7 +27,7 @@
 #          sharing it behind a lock, or by 4 threads with a decoder and stream each
 #          (sharing.py)
 #   ladder train.py model=none, spdl turbo and torchvision at 2, 4, 8 and 14 threads or
-#          workers (6 batches each)
+#          workers (12 batches of 128 each)
 # One Hydra multirun a loader setting, logger=none. The report (report.md) has a row a job
 # with its metrics by their catalog names: images_per_s, ceiling_frac (over the resident row
 # with the same model), steady_batches, images_per_s_end_to_end, data_wait_frac,
@@ -297,21 +297,24 @@ run_phases() {
     if dry_settings; then
         # Small counts: the rehearsal checks that every job runs, not how counts compare.
         gpu_side=1 cpu_side=1 ladder=1,2 size=64 batch=32 models=test_resnet jobs_models=1
-        epochs=1 ladder_batches=2
+        epochs=1 ladder_batches=3
         COMMON=(device=cpu bench.warmup_batches=1)
     else
         # 2 epochs of 8000 train images: 62 batches a job, 40 or more of them steady.
-        size=224 batch=256 epochs=2 ladder_batches=6
+        size=224 batch=256 epochs=2 ladder_batches=12
         COMMON=(device=cuda bench.warmup_batches=3)
     fi
     workers="$gpu_side (GPU-side), $cpu_side with the models and $ladder alone (CPU decoders)"
     model=("model=$models" model.channels_last=true)
     COMMON+=("dataset.root=$root" "dataset.index_dir=$WORK/cache" "image_size=$size"
-        precision=bf16 logger=none "loader.batch_size=$batch")
+        precision=bf16 logger=none)
     nvjpeg=1
     dry_settings && [[ ${GPU_CHECK_DRY_NVJPEG:-0} != 1 ]] && nvjpeg=0
-    local with_model=("${model[@]}" "epochs=$epochs") cache=("loader.cache_dir=$WORK/cache")
-    local alone=(model=none bench.epochs=1 "bench.max_batches=$ladder_batches")
+    local with_model=("${model[@]}" "epochs=$epochs" "loader.batch_size=$batch")
+    local cache=("loader.cache_dir=$WORK/cache")
+    # The ladder in batches of half the size: 12 of them (9 past warm-up) for 1,536 images.
+    local alone=(model=none bench.epochs=1 "bench.max_batches=$ladder_batches"
+        "loader.batch_size=$((batch / 2))")
     local label="train.py model=$models"
 
     # The most valuable first: the ceiling, then the GPU-side loaders against it.
@@ -326,7 +329,7 @@ run_phases() {
         --basetemp "$WORK/pytest" || true
     # Batched decode, each case for a second; the dry run's on CPU threads.
     local decode_args=(--device cuda --batch 256 --images 1024 --seconds 1)
-    local sharing_args=(--device cuda --images 1024 --seconds 2)
+    local sharing_args=(--device cuda --images 1024 --seconds 1.5)
     if dry_settings; then
         decode_args=(--device cpu --batch 32 --images 96 --seconds 0.5)
         sharing_args=(--device cpu --images 64 --seconds 0.3)
@@ -393,7 +396,8 @@ main() {
     note "data: synthetic, $classes classes, $((classes * train)) train +" \
         "$((classes * val)) val JPEGs of ImageNet's sizes (${root##*/})"
     note "runs: image_size=$size, loader.batch_size=$batch, epochs=$epochs with a model," \
-        "bench.max_batches=$ladder_batches alone, loader.num_workers=$workers," \
+        "bench.max_batches=$ladder_batches of $((batch / 2)) alone," \
+        "loader.num_workers=$workers," \
         "precision=bf16, ${model[*]}; logger=none"
     [[ $nvjpeg == 0 ]] && note "spdl nvjpeg: not run (needs CUDA)"
     note "report written $(since "$T0") s into the check (budget ${BUDGET_S} s);" \

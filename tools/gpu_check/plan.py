@@ -43,16 +43,16 @@ PER_WORKER = {"spdl-turbo": (450.0, 700.0), "torchvision": (116.0, 1620.0)}
 # The model's own rate (loader=resident) at 224 px, batch 256, bf16, channels_last.
 CEILINGS = {"resnet50": 4730.0, "resnet18": 11000.0, "none": float("inf")}
 # The phases' seconds on the H200 (data: 15 s for 5,000 JPEGs then, 8,300 now; sharing: 5
-# modes of 2 s, their decoders' creation and warm-up, and the import: not measured yet).
+# modes of 1.5 s, their decoders' creation and warm-up, and the import: not measured yet).
 SETUP_S = {
     "env-quick": 4.0,
     "kit": 5.0,
-    "env": 30.0,
+    "env": 28.0,
     "data": 25.0,
     "projection": 1.0,
-    "tests": 25.0,
-    "decode": 20.0,
-    "sharing": 20.0,
+    "tests": 22.0,
+    "decode": 18.0,
+    "sharing": 16.0,
 }
 KINDS = ("ceiling", "model", "ladder")
 # Above this share of the time left for the runs (budget less the reserve) the projection
@@ -91,10 +91,11 @@ def loader_rate(loader: str, workers: str) -> float:
 def _images(overrides: list[str]) -> int:
     """The images a job reads: train batches (capped by bench.max_batches) and val."""
     if _override(overrides, "model") == "none":
-        batches = TRAIN_IMAGES // BATCH
+        batch = int(_override(overrides, "loader.batch_size") or BATCH)
+        batches = TRAIN_IMAGES // batch
         cap = _override(overrides, "bench.max_batches")
         epochs = int(_override(overrides, "bench.epochs") or 1)
-        return epochs * BATCH * (min(batches, int(cap)) if cap else batches)
+        return epochs * batch * (min(batches, int(cap)) if cap else batches)
     epochs = int(_override(overrides, "epochs") or 1)
     return epochs * (TRAIN_IMAGES // BATCH * BATCH + VAL_IMAGES)
 
