@@ -17,8 +17,9 @@ the GIL. All three do (docs/decoding.md gives the measurement):
 * ``nvjpeg``: the pool threads only read the bytes and the sizes (and decode the odd non-JPEG
   file on the CPU, into pinned memory); one stage after them makes one batched nvJPEG call per
   batch, each train image's box only, through the device's one decoder
-  (``loaderbench.decode.CudaJpegDecoder``), then resizes the batch on the GPU, on the
-  decoder's stream. It needs a CUDA device and says so at once where there is none.
+  (``loaderbench.decode.CudaJpegDecoder``), then finishes the batch on the GPU, on the
+  decoder's stream, in one batched resize (``device_resize``: the CPU path's filter, within 1
+  grey level). It needs a CUDA device and says so at once where there is none.
 
 Which files a fast decoder may take is decided by one rule, from the file's bytes
 (``images.fast_jpeg``): a whole JPEG of 1 or 3 components without an EXIF orientation tag.
@@ -306,8 +307,9 @@ class NvjpegDecoder(ImageDecoder):
     """Two stages: the pool threads read a batch's files (``decode_batch``: bytes, sizes, plans,
     the non-JPEG files decoded on the CPU into pinned memory); one stage after them decodes the
     JPEGs in one batched nvJPEG call through the device's decoder and finishes the batch on its
-    stream (``to_device``). nvJPEG calls from many threads would only queue on its lock, and
-    each image's crop would launch kernels from a pool thread."""
+    stream in a few kernels (``to_device``). Whether a decoder per thread and stream would feed
+    the hardware engine faster is the GPU check's ``sharing`` phase's question (not measured
+    yet); the host work around the call is ``loaderbench.bench.host_cost``'s."""
 
     name = "nvjpeg"
 
