@@ -55,7 +55,7 @@ def phases(report: str) -> dict[str, str]:
 def test_the_dry_run_runs_every_cpu_phase_and_writes_the_report(tmp_path: Path) -> None:
     out = tmp_path / "out"
     kit_made = any((REPO / ".gpu-kit").glob("*.whl"))  # by `make gpu-kit`
-    proc = run_check(out, "--dry-run", timeout=600)
+    proc = run_check(out, "--dry-run", timeout=900)
     log = proc.stdout[-3000:] + proc.stderr[-3000:]
     assert {p.name for p in out.iterdir()} >= {"report.md", "check.log", "runs.tar.gz"}, log
     report = (out / "report.md").read_text()
