@@ -211,3 +211,11 @@ def test_the_batched_resize_on_the_gpu_is_its_cpu_pixels() -> None:
     reference = crop_resize_flip_batch(stored, boxes, 224, flips)
     diff = (reference.int() - on_gpu.int()).abs()
     assert diff.max() <= MAX_DIFF and diff.float().mean() < MEAN_DIFF
+    # A run that lets fp32 matmuls use TF32 gets the same pixels (the resize goes float64).
+    saved = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("high")
+    try:
+        with_tf32 = resize_boxes(stored.to(CUDA), boxes, 224, flips).cpu()
+    finally:
+        torch.set_float32_matmul_precision(saved)
+    assert (with_tf32.int() - on_cpu.int()).abs().max() <= 1
