@@ -123,19 +123,19 @@ def resize_boxes(
     if n == 0:
         return out
     table = _geometry(boxes, size, resized, offsets, device)
-    top, left, h, w, resize_h, resize_w, offset_y, offset_x = table.unbind(1)
     flip = None if flips is None else flips.to(device, non_blocking=True)
-    across = axis_weights(left, w, resize_w, offset_x, size, width, flip)  # (n, S, W)
-    down = axis_weights(top, h, resize_h, offset_y, size, height)  # (n, S, H)
     dtype = _exact_dtype(device)
-    across, down = across.to(dtype), down.to(dtype)
     step = max(1, chunk_bytes // max(1, images[0].numel() * dtype.itemsize))
-    for begin in range(0, n, step):
+    for begin in range(0, n, step):  # the weights too a step at a time: bounded memory
         end = min(n, begin + step)
+        top, left, h, w, resize_h, resize_w, offset_y, offset_x = table[begin:end].unbind(1)
+        mirror = None if flip is None else flip[begin:end]
+        across = axis_weights(left, w, resize_w, offset_x, size, width, mirror)  # (n, S, W)
+        down = axis_weights(top, h, resize_h, offset_y, size, height)  # (n, S, H)
         rows = images[begin:end].to(dtype)
-        horizontal = _rounded(torch.matmul(rows, across[begin:end, None].transpose(-1, -2)))
+        horizontal = torch.matmul(rows, across.to(dtype)[:, None].transpose(-1, -2))
         del rows  # the chunk's float rows go before its second pass
-        vertical = _rounded(torch.matmul(down[begin:end, None], horizontal))
+        vertical = _rounded(torch.matmul(down.to(dtype)[:, None], _rounded(horizontal)))
         out[begin:end].copy_(vertical)
     return out
 
