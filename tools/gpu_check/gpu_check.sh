@@ -143,6 +143,8 @@ phase() {
         printf 'phase\t%s\n' "$name" >>"$PROJECTED"
         return 0
     fi
+    # The dry run's CPU stand-ins on a shared machine: twice the GPU's limit a phase.
+    [[ $DRY == 1 ]] && budget=$((budget * 2))
     left=$(awk -v b="$BUDGET_S" -v t="$(since "$T0")" -v r="$RESERVE_S" \
         'BEGIN { printf "%d", b - t - r }')
     ((FINAL == 0 && left < budget)) && budget=$left
@@ -233,8 +235,6 @@ sweep() {
         return 0
     fi
     printf '%s\t%s\t%s\n' "$name" "$title" "$jobs" >>"$PLAN"
-    # The dry run's CPU stand-ins on a shared machine: twice the GPU's limit a sweep.
-    dry_settings && budget=$((budget * 2))
     phase "$name" "$budget" "$PY" "$script" --multirun "${COMMON[@]}" "$@" \
         "hydra.sweep.dir=$WORK/runs/$name" || true
 }
