@@ -40,7 +40,7 @@
 # --plan prints the projection and the size that travels, and runs nothing (exit 1: over budget).
 # Without CUDA it refuses (exit 3) unless given --dry-run, which does what a CPU can: checks the
 # kit, a small data set, the decode phase on CPU threads, pytest -m cuda (they skip), and the
-# same sweeps on the CPU with a tiny model at 64 px and small counts (no nvjpeg), with wandb
+# same sweeps on the CPU with a tiny model at 32 px and small counts (no nvjpeg), with wandb
 # and submitit made unimportable as on the GPU machine; then the same report. It runs with
 # .venv's python and installs the kit into a fresh folder for `python3.12` where one is on the
 # PATH; with PY312=PATH (a Python 3.12 holding the GPU machine's stack: torch 2.11, torchvision
@@ -298,7 +298,7 @@ run_phases() {
     local gpu_side=8 cpu_side=14 ladder=2,4,8,14 models=resnet50,resnet18 jobs_models=2
     if dry_settings; then
         # Small counts: the rehearsal checks that every job runs, not how counts compare.
-        gpu_side=1 cpu_side=1 ladder=1,2 size=64 batch=32 models=test_resnet jobs_models=1
+        gpu_side=1 cpu_side=1 ladder=1,2 size=32 batch=16 models=test_resnet jobs_models=1
         # fp32: bf16 convolutions on a CPU without native bf16 run ~10x slower (and every
         # model job also measures its own ceiling), so a bf16 rehearsal outruns its limits.
         epochs=1 ladder_batches=3 precision=fp32
