@@ -203,7 +203,10 @@ def test_the_report_states_each_rows_share_of_its_models_ceiling(tmp_path: Path)
     gpu_report.with_ceiling(rows, gpu_report.ceilings(rows))
     fracs = [row.metrics.get("ceiling_frac") for row in rows]
     assert fracs == [1.0, 0.75, None, 0.5]  # no resnet18 ceiling; a job's own figure kept
+    unsteady = {"model": "r50", "images_per_s": None, "images_per_s_null_reason": "no window"}
+    rows.append(gpu_report.Row("s", "4", "spdl", "8", "ok", unsteady))
     lines = gpu_report.rows_table(rows)
+    assert "images_per_s null: no window" in lines[-1]
     assert lines[0].startswith(
         "| loader | workers | status | model | images_per_s | ceiling_frac | ceiling_images_per_s"
     )

@@ -125,6 +125,10 @@ def _details(row: Row) -> str:
         for key, value in sorted(row.metrics.items())
         if key.endswith("_jpeg_backend") and value
     ]
+    for key in ("images_per_s", CEILING):  # a null figure says why (the run's own reason)
+        reason = row.metrics.get(f"{key}_null_reason")
+        if row.metrics.get(key) is None and reason:
+            found.append(f"{key} null: {reason}")
     if probe := row.metrics.get("autotune_probe"):
         rungs = ", ".join(
             f"{rung['workers']}: {rung['images_per_s']:,.0f}/s wait {rung['data_wait_frac']:.0%}"
