@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from tests.conftest import REPO
-from tools.gpu_check import cli, decode_bench, decode_rows, decode_table
+from tools.gpu_check import cli, decode_bench, decode_rows, decode_table, sharing
 from tools.gpu_check import plan as gpu_plan
 from tools.gpu_check import report as gpu_report
 
@@ -54,7 +54,7 @@ def phases(report: str) -> dict[str, str]:
 def test_the_dry_run_runs_every_cpu_phase_and_writes_the_report(tmp_path: Path) -> None:
     out = tmp_path / "out"
     kit_made = any((REPO / ".gpu-kit").glob("*.whl"))  # by `make gpu-kit`
-    proc = run_check(out, "--dry-run", timeout=600)
+    proc = run_check(out, "--dry-run", timeout=900)
     log = proc.stdout[-3000:] + proc.stderr[-3000:]
     assert {p.name for p in out.iterdir()} >= {"report.md", "check.log", "runs.tar.gz"}, log
     report = (out / "report.md").read_text()
@@ -65,10 +65,14 @@ def test_the_dry_run_runs_every_cpu_phase_and_writes_the_report(tmp_path: Path) 
         "env",
         "data",
         "decode",
+        "sharing",
         "tests",
-        "train-model-memmap",
-        "eval-none-spdl-turbo",
-        "train-model-auto-spdl-turbo",
+        "ceiling-resident",
+        "model-memmap",
+        "model-torchvision",
+        "model-spdl-turbo",
+        "ladder-spdl-turbo",
+        "ladder-torchvision",
     } <= set(others)
     assert set(others.values()) == {"0"}, (table, log)
     assert "| failed |" not in report and "DRY RUN" in report
@@ -80,8 +84,16 @@ def test_the_dry_run_runs_every_cpu_phase_and_writes_the_report(tmp_path: Path) 
     # The decode phase ran its CPU equivalent: a row a case, in the report and in decode.json.
     assert "## Batched JPEG decode" in report and "| nvimgcodec cpu | region |" in report
     assert json.loads((out / "decode.json").read_text())["device"] == "cpu"
-    # num_workers=auto's row: the count its probe chose (ladder 1, 2 here) and the probe.
-    assert re.search(r"\| spdl[^|]* \| auto: [12] \| ok \|.*probe [\d.]+ s \(1: ", report), report
+    # Every row states its steady batches and its share of the resident row's rate: the
+    # resident rows 1, the others a fraction (the metric catalog's names head the columns).
+    header = next(line for line in report.splitlines() if line.startswith("| loader |"))
+    assert "| images_per_s | ceiling_frac | steady_batches |" in header, header
+    resident = [line for line in report.splitlines() if line.startswith("| resident |")]
+    assert resident and all(re.search(r"\| 1(\.0+)? \|", line) for line in resident), resident
+    ladder = [line for line in report.splitlines() if line.startswith("| spdl (turbo) | 2 |")]
+    assert ladder, report
+    assert "## Driving the JPEG decoder" in report
+    assert json.loads((out / "sharing.json").read_text())["device"] == "cpu"
     if kit_made:  # the check passes whole
         assert table["kit"] == "0" and proc.returncode == 0, log
     else:  # a fresh checkout: the kit phase says what is missing, and the check fails
@@ -111,24 +123,39 @@ def projected_rows(stdout: str) -> list[list[str]]:
 def test_the_plan_projects_the_gpu_runs_most_valuable_first_within_the_budget() -> None:
     """``--plan`` (and the dry run, in its projection phase) prints the GPU plan's projected
     time, a row a phase and multirun in the order they run: env.json at once, then the runs
-    that matter most (spdl nvjpeg and memmap on CUDA, with the model) before the tests and
-    the rest; summed against the 440 s budget with room; and the size that travels."""
+    that matter most (the resident ceiling, spdl nvjpeg and memmap on CUDA, with the models)
+    before the tests and the rest; summed against the 460 s budget with room, start-up
+    apart; and the size that travels."""
     proc = plan()
     assert proc.returncode == 0, proc.stderr
     rows = projected_rows(proc.stdout)
     names = [row[1] for row in rows]
     assert names[0] == "env-quick" and names.index("env-quick") < names.index("kit")
     runs = [row for row in rows if row[2] != "-"]
-    assert [row[1] for row in runs[:2]] == ["train-model-spdl-nvjpeg", "train-model-memmap"]
-    assert names.index("train-model-memmap") < names.index("tests") < names.index("decode")
-    assert names[-1] == "eval-none-spdl-turbo" and "train-model-auto-spdl-turbo" in names
-    # One worker count where a second adds nothing: only spdl turbo with the model has two.
-    assert {row[1]: int(row[2]) for row in runs}["train-model-spdl-turbo"] == 2
-    assert all(int(row[2]) == 1 for row in runs if "nvjpeg" in row[1])
+    assert [row[1] for row in runs[:3]] == [
+        "ceiling-resident",
+        "model-spdl-nvjpeg",
+        "model-memmap",
+    ]
+    assert names.index("model-memmap") < names.index("tests") < names.index("decode")
+    assert names.index("decode") < names.index("sharing")
+    # Two models a loader setting (memmap: two stores), the ladder's four counts.
+    jobs = {row[1]: int(row[2]) for row in runs}
+    assert jobs == {
+        "ceiling-resident": 2,
+        "model-spdl-nvjpeg": 2,
+        "model-memmap": 4,
+        "model-torchvision": 2,
+        "model-spdl-turbo": 2,
+        "ladder-spdl-turbo": 4,
+        "ladder-torchvision": 4,
+    }
     total = int(rows[-1][4])
     assert abs(total - sum(int(row[3]) for row in rows)) <= len(rows)  # rounding apart
-    assert total <= 0.9 * (440 - 25)
-    assert "budget 440 s" in proc.stdout and "fits with" in proc.stdout
+    assert total <= 0.9 * (460 - 25) and total + 25 <= 8 * 60
+    assert "budget 460 s" in proc.stdout and "fits with" in proc.stdout
+    start = re.search(r"of the projected (\d+) s, (\d+) s is start-up", proc.stdout)
+    assert start and int(start[1]) == total and 0 < int(start[2]) < total
     assert re.search(r"travels: kit [\d.]+ MiB .* = [\d.]+ MiB \(limit 60 MiB\)", proc.stdout)
 
     over = plan(GPU_CHECK_BUDGET_S=str(total))  # the reserve no longer fits
@@ -140,16 +167,48 @@ def test_the_projection_counts_each_cache_build_once_and_refuses_unknown_phases(
     tmp_path: Path,
 ) -> None:
     path = tmp_path / "plan.tsv"
-    line = "sweep\t{}\t2\tloader=memmap\tloader.store=raw,jpeg\tloader.num_workers=8\n"
-    path.write_text(line.format("train-model-memmap") + line.format("train-none-memmap"))
+    line = "sweep\t{}\t2\tloader=memmap\tloader.store=raw,jpeg\tloader.num_workers=8\t{}\n"
+    alone = "model=none\tbench.max_batches=6"
+    path.write_text(line.format("model-memmap", "model=resnet50") + line.format("ladder-x", alone))
     first, second = gpu_plan.read_plan(path)
-    assert first.seconds - second.seconds == pytest.approx(
-        2 * (gpu_plan.JOB_S["train-model"] - gpu_plan.JOB_S["train-none"])
-        + 2 * gpu_plan.CACHE_BUILD_S
+    # The cache builds once; the model jobs measure their own ceiling too.
+    assert first.start_s - second.start_s == pytest.approx(
+        2 * gpu_plan.CACHE_BUILD_S + 2 * gpu_plan.CEILING_PASS_S
     )
+    # The model's ceiling bounds a loader faster than the model: 8,000 train + 300 val images.
+    images = 7936 + 300
+    ceiling = gpu_plan.CEILINGS["resnet50"]
+    measured = images / ceiling + images / min(ceiling, gpu_plan.RATES["memmap-jpeg"])
+    assert first.seconds - first.start_s == pytest.approx(measured)
     path.write_text("phase\tsurprise\n")
     with pytest.raises(ValueError, match="surprise"):
         gpu_plan.read_plan(path)
+
+
+def test_the_report_states_each_rows_share_of_its_models_ceiling(tmp_path: Path) -> None:
+    rows = [
+        gpu_report.Row("s", "0", "resident", "0", "ok", {"model": "r50", "images_per_s": 4000.0}),
+        gpu_report.Row("s", "1", "spdl", "8", "ok", {"model": "r50", "images_per_s": 3000.0}),
+        gpu_report.Row("s", "2", "spdl", "8", "ok", {"model": "r18", "images_per_s": 3000.0}),
+        gpu_report.Row(
+            "s",
+            "3",
+            "memmap",
+            "8",
+            "ok",
+            {"model": "r50", "images_per_s": 1.0, "ceiling_frac": 0.5},  # its own, kept
+        ),
+    ]
+    gpu_report.with_ceiling(rows, gpu_report.ceilings(rows))
+    fracs = [row.metrics.get("ceiling_frac") for row in rows]
+    assert fracs == [1.0, 0.75, None, 0.5]  # no resnet18 ceiling; a job's own figure kept
+    unsteady = {"model": "r50", "images_per_s": None, "images_per_s_null_reason": "no window"}
+    rows.append(gpu_report.Row("s", "4", "spdl", "8", "ok", unsteady))
+    lines = gpu_report.rows_table(rows)
+    assert "images_per_s null: no window" in lines[-1]
+    assert lines[0].startswith(
+        "| loader | workers | status | model | images_per_s | ceiling_frac | ceiling_images_per_s"
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -217,7 +276,20 @@ def test_check_holds_the_kit_and_what_travels_with_it_to_their_limits(tmp_path: 
 
 
 # ---------------------------------------------------------------------------------------------
-# The decode phase (python -m tools.gpu_check decode)
+# The decode phases (python -m tools.gpu_check decode, sharing)
+
+
+def test_the_sharing_phase_times_every_mode_on_cpu_threads(tiny_root: Path, tmp_path: Path) -> None:
+    if importlib.util.find_spec("nvidia.nvimgcodec") is None:
+        pytest.skip("nvImageCodec is not installed here")
+    out = tmp_path / "sharing.json"
+    args = ["--device", "cpu", "--images", "8", "--seconds", "0.05"]
+    assert cli.main(["sharing", str(tiny_root), "--out", str(out), *args]) == 0
+    result = json.loads(out.read_text())
+    assert len(result["cases"]) == len(sharing.MODES)
+    assert all(c["images"] > 0 and c["cpu_ms_per_image"] > 0 for c in result["cases"])
+    section = "\n".join(sharing.sharing_lines(result))
+    assert "| one decoder behind a lock | 4 | 1 | 256 | ok |" in section
 
 
 def decode_phase(root: Path, out: Path, device: str, *extra: str) -> tuple[int, dict]:

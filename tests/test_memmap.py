@@ -238,11 +238,14 @@ def test_a_raw_train_batch_is_each_stored_images_reference_crop(
         loader.close()
 
 
-def assert_same_batches(first: MemmapLoader, second: MemmapLoader) -> None:
-    """Both loaders' epochs are the same batches, to the pixel; both closed after."""
+def assert_same_batches(first: MemmapLoader, second: MemmapLoader, max_diff: int = 0) -> None:
+    """Both loaders' epochs are the same batches, to the pixel (or within ``max_diff`` grey
+    levels, and to the pixel nearly everywhere); both closed after."""
     try:
         for a, b in zip(first, second, strict=True):
-            assert torch.equal(a.labels, b.labels) and torch.equal(a.images, b.images)
+            assert torch.equal(a.labels, b.labels)
+            diff = (a.images.int() - b.images.int()).abs()
+            assert diff.max() <= max_diff and diff.float().mean() < 0.05
     finally:
         first.close()
         second.close()
@@ -252,12 +255,13 @@ def test_the_deferred_crop_path_gets_the_same_boxes_and_flips(
     tiny_root: Path, tmp_path: Path
 ) -> None:
     """On CUDA the crop is deferred until the batch is on the device. Forced here on the CPU,
-    where the same kernel runs, that path must give exactly the reading threads' batches."""
+    where the same batched resize runs (``device_resize``), that path must give the reading
+    threads' batches within the 1 grey level its float weights round apart."""
     index = index_of(tiny_root)
     in_threads = make_loader(index.train, tmp_path, train=True)
     deferred = make_loader(index.train, tmp_path, train=True)
     deferred._crop_on_device = True
-    assert_same_batches(in_threads, deferred)
+    assert_same_batches(in_threads, deferred, max_diff=1)
 
 
 @pytest.mark.parametrize("train", [False, True])

@@ -185,8 +185,8 @@ def resized_crop_images(
     size), by default channels-last on the CPU (writing NCHW-contiguous costs ~40% more there).
 
     One box at a time, so the memory beyond ``out`` is bounded by one box and one output image
-    (in float off the CPU), whatever the batch size: a whole stored batch in float (the roi_align
-    way) is ~350 MB at 256 x 3 x 336 x 336. On the CPU each box is resized straight into
+    (in float off the CPU), whatever the batch size (the CUDA loaders resize a batch at once
+    with ``device_resize`` instead). On the CPU each box is resized straight into
     ``out``, the whole batch in one call that holds no GIL (``batch_resize``).
     """
     n, channels = len(images), images[0].shape[0] if len(images) else 3
@@ -235,61 +235,3 @@ def crop_resize_flip_batch(
 ) -> torch.Tensor:
     """``resized_crop_images`` for a uint8 NCHW batch of one stored size (memmap's rows)."""
     return resized_crop_images(list(images.unbind(0)), boxes, size, flips, out)
-
-
-# The float copy of a stored batch that one ``crop_resize_flip_sampled`` step converts at once:
-# 256 stored rows of 3 x 336 x 336 are 347 MB in float, so a batch goes in 2-3 steps.
-SAMPLED_CHUNK_BYTES = 192 * 2**20
-
-
-def crop_resize_flip_sampled(
-    images: torch.Tensor,
-    boxes: torch.Tensor,
-    size: int,
-    flips: torch.Tensor | None = None,
-    out: torch.Tensor | None = None,
-    *,
-    chunk_bytes: int = SAMPLED_CHUNK_BYTES,
-) -> torch.Tensor:
-    """The boxes ``(top, left, h, w)`` of a uint8 NCHW batch of one stored size, resized to
-    ``size`` x ``size`` and flipped where ``flips`` says, in a few kernels for the whole batch
-    (memmap's raw train crops on CUDA, where ``crop_resize_flip_batch`` launches ~8 kernels an
-    image, ~2,000 a batch of 256). Runs on CPU tensors too (the tests compare it there).
-
-    One ``torchvision.ops.roi_align`` call per step of ``chunk_bytes`` of float rows (aligned
-    boxes, adaptive sampling), the flip as one select between the output and its mirror, then
-    rounding into ``out``. Not the CPU path's pixels: roi_align averages ceil(box / size)
-    bilinear samples per output pixel and axis (a box filter over bilinear taps) where the CPU
-    path's antialiased resize weighs every covered pixel by PIL's triangle filter, and at a
-    box's edge it reads the neighbouring stored pixel where the CPU path repeats the edge
-    (``store_raw.write_fit`` repeats the image's own edge, so the image's border agrees).
-    Upscaled boxes inside the image agree within 1 grey level but at their edge; shrunk boxes of
-    smooth images within 2 levels on average (tests/test_memmap.py measures both).
-    """
-    from torchvision.ops import roi_align
-
-    n, channels = images.shape[:2]
-    if out is None:
-        out = torch.empty((n, channels, size, size), dtype=torch.uint8, device=images.device)
-    if n == 0:
-        return out
-    top, left, h, w = boxes.to(torch.float32).unbind(1)
-    # (batch index, x1, y1, x2, y2) a box, in the chunk's own numbering; one copy to the device.
-    corners = torch.stack([left, top, left + w, top + h], 1)
-    positions = torch.arange(n, dtype=torch.float32)
-    flip_mask = torch.zeros(n, dtype=torch.bool) if flips is None else flips.to(torch.bool)
-    corners = corners.to(images.device, non_blocking=True)
-    positions = positions.to(images.device, non_blocking=True)
-    flip_mask = flip_mask.to(images.device, non_blocking=True).view(n, 1, 1, 1)
-    per_image = images[0].numel() * 4
-    step = max(1, chunk_bytes // max(1, per_image))
-    for start in range(0, n, step):
-        stop = min(n, start + step)
-        # roi_align wants planar float rows: one converting copy (channels-last rows included).
-        rows = images[start:stop].to(torch.float32, memory_format=torch.contiguous_format)
-        rois = torch.cat([(positions[start:stop] - start)[:, None], corners[start:stop]], 1)
-        pooled = roi_align(rows, rois, (size, size), 1.0, sampling_ratio=-1, aligned=True)
-        del rows  # the chunk's float rows go before the next chunk's are made
-        pooled = torch.where(flip_mask[start:stop], pooled.flip(-1), pooled)
-        out[start:stop].copy_(pooled.round_().clamp_(0, 255))
-    return out

@@ -9,6 +9,9 @@ set (ImageNet's image sizes) and prints its root.
 ``python -m tools.gpu_check decode ROOT --out JSON --device cuda`` times batched JPEG decoding
 (``decode_bench.py``).
 
+``python -m tools.gpu_check sharing ROOT --out JSON --device cuda`` times the ways of driving the
+GPU's JPEG decoder (``sharing.py``).
+
 ``python -m tools.gpu_check report --runs DIR --plan PLAN --phases PHASES ...`` writes the
 markdown report (``report.py``); standard library only, so it is written even where the kit did
 not install.
@@ -22,7 +25,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from tools.gpu_check import decode_bench, machine, report
+from tools.gpu_check import decode_bench, machine, report, sharing
 
 
 def parser() -> argparse.ArgumentParser:
@@ -46,6 +49,13 @@ def parser() -> argparse.ArgumentParser:
     dec.add_argument("--images", type=int, default=2048, help="at most this many train JPEGs")
     dec.add_argument("--seconds", type=float, default=3.0, help="each case's time")
     dec.add_argument("--dry-run", action="store_true", help="on the CPU (no GPU figures)")
+    share = sub.add_parser("sharing", help="time the ways of driving the JPEG decoder")
+    share.add_argument("root", type=Path, help="the synthetic set's root (train/ inside)")
+    share.add_argument("--out", type=Path, required=True)
+    share.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    share.add_argument("--backend", choices=("hw", "hybrid"), default="hw")
+    share.add_argument("--images", type=int, default=1024, help="at most this many train JPEGs")
+    share.add_argument("--seconds", type=float, default=1.5, help="each mode's time")
     rep = sub.add_parser("report", help="write the markdown report")
     rep.add_argument("--out", type=Path, required=True)
     rep.add_argument("--runs", type=Path, required=True)
@@ -56,6 +66,7 @@ def parser() -> argparse.ArgumentParser:
     rep.add_argument("--title", default="GPU check")
     rep.add_argument("--note", action="append", default=[])
     rep.add_argument("--decode", type=Path, help="the decode phase's JSON")
+    rep.add_argument("--sharing", type=Path, help="the sharing phase's JSON")
     return root
 
 
@@ -87,6 +98,16 @@ def time_decoding(args: argparse.Namespace) -> int:
     return decode_bench.decode_exit_code(result)
 
 
+def time_sharing(args: argparse.Namespace) -> int:
+    result = sharing.sharing_benchmark(
+        args.root, args.device, args.backend, args.images, args.seconds
+    )
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    for case in result["cases"]:
+        print(json.dumps(case))
+    return 0 if all(case["status"] == "ok" for case in result["cases"]) else 1
+
+
 def write_report(args: argparse.Namespace) -> int:
     ok, total = report.write_report(
         args.out,
@@ -98,6 +119,7 @@ def write_report(args: argparse.Namespace) -> int:
         args.title,
         args.note,
         args.decode,
+        args.sharing,
     )
     print(f"{args.out}: {ok} of {total} benchmark jobs ok")
     return 0 if ok == total and total > 0 else 1
@@ -111,6 +133,8 @@ def main(argv: list[str] | None = None) -> int:
         return make_data(args.parent, args.classes, args.train, args.val)
     if args.command == "decode":
         return time_decoding(args)
+    if args.command == "sharing":
+        return time_sharing(args)
     return write_report(args)
 
 

@@ -10,32 +10,37 @@
 #   env    the machine: nvidia-smi, torch / CUDA / cuDNN, the kit's versions, whether
 #          torchcodec, spdl.io and nvImageCodec load (and which libnvjpeg nvImageCodec found),
 #          the JPEG decoder the loaders choose on each device
-#   data   a synthetic ImageNet-like set (100 classes, 4000 train + 1000 val JPEGs of
+#   data   a synthetic ImageNet-like set (100 classes, 8000 train + 300 val JPEGs of
 #          ImageNet's sizes)
-#   projection  the plan's projected time (a row a phase and multirun, summed): fails when
-#          it does not fit the budget with room; and the size that travels (kit + tree)
-#   bench  train.py model=resnet50 (bf16, channels_last, 224 px): spdl nvjpeg, then memmap raw
-#          and jpeg stores on CUDA (8 reading threads: their work is on the GPU)
+#   projection  the plan's projected time (a row a phase and multirun, summed, start-up apart
+#          from measuring): fails when it does not fit the budget with room; and the size
+#          that travels (kit + tree)
+#   ceiling  train.py loader=resident, model=resnet50,resnet18 (bf16, channels_last, 224 px,
+#          batch 256, 2 epochs: 62 batches): the models' own rates, every row's ceiling
+#   model  the same jobs with every loader: spdl nvjpeg and memmap raw and jpeg on CUDA (8
+#          reading threads: their work is on the GPU), then torchvision and spdl turbo (14)
 #   tests  pytest -m cuda
 #   decode batched JPEG decode of 1024 of its train images through loaderbench.decode
-#          (decode_bench.py):
-#          nvImageCodec (whole images, and only each train crop's box) against TorchCodec's
-#          and torchvision.io's batched nvJPEG decode (whole images, then cut), and their pixels
-#   bench  the rest, by value: spdl turbo at 4 and 12 workers and torchvision at 12 with the
-#          model; train.py model=none for spdl nvjpeg and memmap; eval.py model=none for memmap
-#          (val raw) and spdl nvjpeg; num_workers=auto on spdl turbo; eval.py spdl turbo.
-#          One Hydra multirun a loader setting, logger=none; one worker count where a second
-#          adds nothing (the GPU-side loaders; CPU decoders past the model's rate)
-# and writes to OUTDIR: report.md (a row a job: images/s, data_wait_frac, cpu_s_per_1k_images,
-# ttfb_s, peak_rss_mb; the decode figures; the machine; the tests), check.log (everything
-# printed), pytest.log, env.json, decode.json and runs.tar.gz (every job's metrics.json, log
-# and .hydra/; no checkpoints).
+#          (decode_bench.py): nvImageCodec (whole images, and only each train crop's box)
+#          against TorchCodec's and torchvision.io's batched nvJPEG decode, and their pixels
+#   sharing  the GPU's JPEG decoder driven from one thread a batch at a time, by 4 threads
+#          sharing it behind a lock, or by 4 threads with a decoder and stream each
+#          (sharing.py)
+#   ladder train.py model=none, spdl turbo and torchvision at 2, 4, 8 and 14 threads or
+#          workers (12 batches of 128 each)
+# One Hydra multirun a loader setting, logger=none. The report (report.md) has a row a job
+# with its metrics by their catalog names: images_per_s, ceiling_frac (over the resident row
+# with the same model), steady_batches, images_per_s_end_to_end, data_wait_frac,
+# cpu_s_per_1k_images (CPU ms per image), ttfb_s, peak_rss_mb; the decode and sharing figures;
+# the machine; the tests. OUTDIR also gets check.log (everything printed), pytest.log,
+# env.json, decode.json, sharing.json and runs.tar.gz (every job's metrics.json, log and
+# .hydra/; no checkpoints).
 # A failing job or phase does not stop the others; the exit code is 0 only when all passed.
 #
 # --plan prints the projection and the size that travels, and runs nothing (exit 1: over budget).
 # Without CUDA it refuses (exit 3) unless given --dry-run, which does what a CPU can: checks the
 # kit, a small data set, the decode phase on CPU threads, pytest -m cuda (they skip), and the
-# same sweeps on the CPU with a tiny model at 64 px and one worker count (no nvjpeg), with wandb
+# same sweeps on the CPU with a tiny model at 32 px and small counts (no nvjpeg), with wandb
 # and submitit made unimportable as on the GPU machine; then the same report. It runs with
 # .venv's python and installs the kit into a fresh folder for `python3.12` where one is on the
 # PATH; with PY312=PATH (a Python 3.12 holding the GPU machine's stack: torch 2.11, torchvision
@@ -107,7 +112,7 @@ if [[ $PRINT_PLAN == 0 ]]; then
     mkdir -p "$OUT"
     OUT=$(cd "$OUT" && pwd)
     rm -f "$OUT"/report.md "$OUT"/check.log "$OUT"/pytest.log "$OUT"/env.json \
-        "$OUT"/decode.json "$OUT"/runs.tar.gz
+        "$OUT"/decode.json "$OUT"/sharing.json "$OUT"/runs.tar.gz
 fi
 PLAN=$WORK/plan.tsv
 PHASES=$WORK/phases.tsv
@@ -119,10 +124,10 @@ T0=$(now)
 since() { awk -v a="$(now)" -v b="$1" 'BEGIN { printf "%.1f", a - b }'; }
 # The whole check's limit (8 minutes on the GPU machine, less a margin); the report and the
 # archive at the end have RESERVE_S of it kept for them, and run whatever is left. The dry run
-# takes about 2 minutes on 2 shared cores.
-BUDGET_S=${GPU_CHECK_BUDGET_S:-440}
-[[ $DRY == 1 ]] && BUDGET_S=${GPU_CHECK_BUDGET_S:-400}
-GPU_BUDGET_S=${GPU_CHECK_BUDGET_S:-440} # what the projection holds the GPU plan to
+# took 12 minutes on 2 cores shared at a load of 16 (2026-12-04).
+BUDGET_S=${GPU_CHECK_BUDGET_S:-460}
+[[ $DRY == 1 ]] && BUDGET_S=${GPU_CHECK_BUDGET_S:-840}
+GPU_BUDGET_S=${GPU_CHECK_BUDGET_S:-460} # what the projection holds the GPU plan to
 RESERVE_S=25
 export GPU_BUDGET_S RESERVE_S
 FINAL=0
@@ -138,6 +143,8 @@ phase() {
         printf 'phase\t%s\n' "$name" >>"$PROJECTED"
         return 0
     fi
+    # The dry run's CPU stand-ins on a shared machine: twice the GPU's limit a phase.
+    [[ $DRY == 1 ]] && budget=$((budget * 2))
     left=$(awk -v b="$BUDGET_S" -v t="$(since "$T0")" -v r="$RESERVE_S" \
         'BEGIN { printf "%d", b - t - r }')
     ((FINAL == 0 && left < budget)) && budget=$left
@@ -274,7 +281,7 @@ setup_phases() {
     if dry_settings; then
         classes=10 train=20 val=10
     else
-        classes=100 train=40 val=10
+        classes=100 train=80 val=3
     fi
     PHASE_LOG=$WORK/data.log phase data 90 "$PY" -m tools.gpu_check data "$WORK/data" \
         --classes $classes --train $train --val $val || true
@@ -282,84 +289,87 @@ setup_phases() {
     phase projection 30 bash -c project || true
 }
 
-# The benchmark's multiruns, the tests and the decode phase; sets the runs' settings (size,
-# batch, model, workers, nvjpeg) the report's notes name.
+# The benchmark's multiruns, the tests and the decode phases; sets the runs' settings (size,
+# batch, models, workers, nvjpeg) the report's notes name.
 run_phases() {
     # GPU-side loaders (their decode and crops run on the GPU, the reading threads feed it):
-    # one count. CPU decoders: 4 and 12 with the model (and auto), 12 elsewhere.
-    local gpu_side=8 cpu_side=12 cpu_ladder=4,12
-    model=(model=resnet50 model.channels_last=true)
+    # one count. CPU decoders: 14 with the models (two cores left to the main loop and the
+    # device stage), and the ladder without a model.
+    local gpu_side=8 cpu_side=14 ladder=2,4,8,14 models=resnet50,resnet18 jobs_models=2
     if dry_settings; then
-        # One count a sweep: the rehearsal checks that every job runs, not how counts compare.
-        gpu_side=1 cpu_side=1 cpu_ladder=1 size=64 batch=32 batches=4
-        model=(model=test_resnet model.channels_last=true)
+        # Small counts: the rehearsal checks that every job runs, not how counts compare.
+        gpu_side=1 cpu_side=1 ladder=1,2 size=32 batch=16 models=test_resnet jobs_models=1
+        # fp32: bf16 convolutions on a CPU without native bf16 run ~10x slower (and every
+        # model job also measures its own ceiling), so a bf16 rehearsal outruns its limits.
+        epochs=1 ladder_batches=3 precision=fp32
         COMMON=(device=cpu bench.warmup_batches=1)
     else
-        size=224 batch=256 batches=15
+        # 2 epochs of 8000 train images: 62 batches a job, 40 or more of them steady.
+        size=224 batch=256 epochs=2 ladder_batches=12 precision=bf16
         COMMON=(device=cuda bench.warmup_batches=3)
     fi
-    workers="$gpu_side (GPU-side), $cpu_ladder and $cpu_side (CPU decoders)"
+    workers="$gpu_side (GPU-side), $cpu_side with the models and $ladder alone (CPU decoders)"
+    model=("model=$models" model.channels_last=true)
     COMMON+=("dataset.root=$root" "dataset.index_dir=$WORK/cache" "image_size=$size"
-        precision=bf16 logger=none "loader.batch_size=$batch" "bench.max_batches=$batches")
+        "precision=$precision" logger=none)
     nvjpeg=1
     dry_settings && [[ ${GPU_CHECK_DRY_NVJPEG:-0} != 1 ]] && nvjpeg=0
-    local with_model=("${model[@]}" epochs=1) none=(model=none bench.epochs=2)
-    local label="train.py ${model[0]}" cache=("loader.cache_dir=$WORK/cache")
-    local evals=(model=none bench.epochs=4) # 4 passes over the small val set
+    local with_model=("${model[@]}" "epochs=$epochs" "loader.batch_size=$batch")
+    local cache=("loader.cache_dir=$WORK/cache")
+    # The ladder in batches of half the size: 12 of them (9 past warm-up) for 1,536 images.
+    local alone=(model=none bench.epochs=1 "bench.max_batches=$ladder_batches"
+        "loader.batch_size=$((batch / 2))")
+    local label="train.py model=$models"
 
-    # The most valuable first: spdl nvjpeg and memmap on CUDA, with the model.
-    loader_sweep nvjpeg train-model "$label" train.py "$gpu_side" 100 "${with_model[@]}"
-    sweep train-model-memmap "$label, memmap, store raw and jpeg" train.py 2 100 loader=memmap \
-        loader.store=raw,jpeg "${cache[@]}" "${with_model[@]}" "loader.num_workers=$gpu_side"
+    # The most valuable first: the ceiling, then the GPU-side loaders against it.
+    sweep ceiling-resident "$label, loader=resident: the model's ceiling" train.py \
+        "$jobs_models" 60 loader=resident "${with_model[@]}"
+    loader_sweep nvjpeg model "$label" "$gpu_side" "$jobs_models" 100 "${with_model[@]}"
+    sweep model-memmap "$label, memmap, store raw and jpeg" train.py $((2 * jobs_models)) 100 \
+        loader=memmap loader.store=raw,jpeg "${cache[@]}" "${with_model[@]}" \
+        "loader.num_workers=$gpu_side"
 
     PHASE_LOG=$OUT/pytest.log phase tests 90 "$PY" -m pytest -m cuda -p no:cacheprovider \
         --basetemp "$WORK/pytest" || true
     # Batched decode, each case for a second; the dry run's on CPU threads.
     local decode_args=(--device cuda --batch 256 --images 1024 --seconds 1)
-    dry_settings && decode_args=(--device cpu --batch 32 --images 96 --seconds 0.5)
+    local sharing_args=(--device cuda --images 1024 --seconds 1.5)
+    if dry_settings; then
+        decode_args=(--device cpu --batch 32 --images 96 --seconds 0.5)
+        sharing_args=(--device cpu --images 64 --seconds 0.3)
+    fi
     phase decode 45 "$PY" -m tools.gpu_check decode "$root" --out "$OUT/decode.json" \
         "${decode_args[@]}" || true
+    phase sharing 40 "$PY" -m tools.gpu_check sharing "$root" --out "$OUT/sharing.json" \
+        "${sharing_args[@]}" || true
 
-    loader_sweep turbo train-model "$label" train.py "$cpu_ladder" 100 "${with_model[@]}"
-    loader_sweep torchvision train-model "$label" train.py "$cpu_side" 100 "${with_model[@]}"
-    label="train.py model=none"
-    loader_sweep nvjpeg train-none "$label" train.py "$gpu_side" 60 "${none[@]}"
-    sweep train-none-memmap "$label, memmap, store raw and jpeg" train.py 2 60 loader=memmap \
-        loader.store=raw,jpeg "${cache[@]}" "${none[@]}" "loader.num_workers=$gpu_side"
-    label="eval.py model=none"
-    sweep eval-none-memmap "$label, memmap, val store raw" eval.py 1 50 loader=memmap \
-        loader.val_store=raw "${cache[@]}" "${evals[@]}" "loader.num_workers=$gpu_side"
-    loader_sweep nvjpeg eval-none "$label" eval.py "$gpu_side" 50 "${evals[@]}"
-
-    # num_workers=auto with the model: the probe's ladder up to this machine's CPUs (1, 2, ...,
-    # 12, 16 on the GPU machine), its choice beside the pinned counts of train-model-spdl-turbo.
-    local probe=(loader.autotune.max_probe_s=15)
-    dry_settings && probe+=(loader.autotune.window_s=0.5) # its ladder's rungs, not their figures
-    sweep train-model-auto-spdl-turbo "train.py ${model[0]}, spdl, turbo, num_workers=auto" \
-        train.py 1 100 loader=spdl loader.decoder=turbo loader.num_workers=auto "${probe[@]}" \
-        "${model[@]}" epochs=1
-    loader_sweep turbo eval-none "$label" eval.py "$cpu_side" 50 "${evals[@]}"
+    loader_sweep torchvision model "$label" "$cpu_side" "$jobs_models" 100 "${with_model[@]}"
+    loader_sweep turbo model "$label" "$cpu_side" "$jobs_models" 120 "${with_model[@]}"
+    local counts
+    counts=$(tr , '\n' <<<"$ladder" | wc -l)
+    label="train.py model=none, the CPU decoders' ladder"
+    loader_sweep turbo ladder "$label" "$ladder" "$counts" 60 "${alone[@]}"
+    loader_sweep torchvision ladder "$label" "$ladder" "$counts" 70 "${alone[@]}"
 }
 
-# loader_sweep nvjpeg|turbo|torchvision TASK LABEL SCRIPT WORKERS CAP OVERRIDES...: one
-# multirun of one loader setting over the worker counts WORKERS (comma separated).
+# loader_sweep nvjpeg|turbo|torchvision KIND LABEL WORKERS JOBS CAP OVERRIDES...: one train.py
+# multirun of one loader setting (over the models and the worker counts WORKERS in OVERRIDES).
 loader_sweep() {
-    local which=$1 task=$2 label=$3 script=$4 counts=$5 cap=$6 jobs
+    local which=$1 kind=$2 label=$3 counts=$4 jobs=$5 cap=$6
     shift 6
-    jobs=$(tr , '\n' <<<"$counts" | wc -l)
     case $which in
         nvjpeg)
             [[ $nvjpeg == 1 ]] || return 0
-            sweep "$task-spdl-nvjpeg" "$label, spdl, nvjpeg (GPU) decoder" "$script" "$jobs" \
+            sweep "$kind-spdl-nvjpeg" "$label, spdl, nvjpeg (GPU) decoder" train.py "$jobs" \
                 "$cap" loader=spdl loader.decoder=nvjpeg "$@" "loader.num_workers=$counts"
             ;;
         turbo)
-            sweep "$task-spdl-turbo" "$label, spdl, turbo (CPU) decoder" "$script" "$jobs" \
+            sweep "$kind-spdl-turbo" "$label, spdl, turbo (CPU) decoder" train.py "$jobs" \
                 "$cap" loader=spdl loader.decoder=turbo "$@" "loader.num_workers=$counts"
             ;;
         torchvision)
-            sweep "$task-torchvision" "$label, torchvision (DataLoader processes, PIL)" \
-                "$script" "$jobs" "$cap" loader=torchvision "$@" "loader.num_workers=$counts"
+            sweep "$kind-torchvision" "$label, torchvision (DataLoader processes, PIL)" \
+                train.py "$jobs" "$cap" loader=torchvision "$@" "loader.num_workers=$counts"
             ;;
     esac
 }
@@ -389,15 +399,17 @@ main() {
     note "CUDA: $(tail -n 1 <<<"$cuda_msg")"
     note "data: synthetic, $classes classes, $((classes * train)) train +" \
         "$((classes * val)) val JPEGs of ImageNet's sizes (${root##*/})"
-    note "runs: image_size=$size, loader.batch_size=$batch, bench.max_batches=$batches," \
-        "loader.num_workers=$workers (and auto, with the model, on spdl turbo)," \
-        "precision=bf16, ${model[*]}; logger=none"
+    note "runs: image_size=$size, loader.batch_size=$batch, epochs=$epochs with a model," \
+        "bench.max_batches=$ladder_batches of $((batch / 2)) alone," \
+        "loader.num_workers=$workers," \
+        "precision=$precision, ${model[*]}; logger=none"
     [[ $nvjpeg == 0 ]] && note "spdl nvjpeg: not run (needs CUDA)"
     note "report written $(since "$T0") s into the check (budget ${BUDGET_S} s);" \
         "every job's files: runs.tar.gz"
     phase report 30 "$PY" -m tools.gpu_check report --out "$OUT/report.md" \
         --runs "$WORK/runs" --plan "$PLAN" --phases "$PHASES" --env "$OUT/env.json" \
-        --pytest-log "$OUT/pytest.log" --decode "$OUT/decode.json" --title "$mode" \
+        --pytest-log "$OUT/pytest.log" --decode "$OUT/decode.json" \
+        --sharing "$OUT/sharing.json" --title "$mode" \
         "${notes[@]/#/--note=}" || true
 
     mkdir -p "$WORK/runs"

@@ -1,7 +1,8 @@
 """The GPU check's report (``python -m tools.gpu_check report --runs DIR --plan PLAN ...``): the
-check's sweep folders as one markdown file, a row a job (images/s, data wait, CPU s per 1000
-images, time to first batch, peak memory), failed and missing jobs included, with the phases'
-times, the tests, the decode phase's figures and the machine.
+check's sweep folders as one markdown file, a row a job (its metrics by their catalog names,
+``loaderbench.metrics``: images/s and its share of the model's ceiling, the steady batches it
+rests on, data wait, CPU per image, time to first batch, peak memory), failed and missing jobs
+included, with the phases' times, the tests, the decode phases' figures and the machine.
 
 Only the standard library (and PyYAML where present) is needed to write it, so it is written
 even where the kit did not install: the job folders are read by ``loaderbench.run_folders``,
@@ -15,21 +16,34 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from loaderbench.metrics import BY_KEY, report_cell
 from loaderbench.run_folders import read_jobs
 from tools.gpu_check.decode_bench import DECODE_BASELINE, DECODE_CASES
 from tools.gpu_check.machine import PACKAGES
 from tools.gpu_check.markdown import fmt, short, table
+from tools.gpu_check.sharing import sharing_lines
 
-# The figures a row shows, from each job's metrics.json, in this order. skipped_files: a decoder
-# that fails on every image (a library that loads but cannot decode here) shows up there.
+# The figures a row shows, from each job's metrics.json, in this order, by their names in the
+# metric catalog. ceiling_frac: the job's own (over its own resident pass, or its sweep's
+# resident job), else its images/s over this check's ``loader=resident`` rate with the same
+# model. cpu_s_per_1k_images is CPU ms per image.
+# skipped_files: a decoder that fails on every image (a library that loads but cannot decode
+# here) shows up there.
+CEILING = "ceiling_frac"
 ROW_METRICS = (
+    "model",
     "images_per_s",
+    CEILING,
+    "ceiling_images_per_s",
+    "steady_batches",
+    "images_per_s_end_to_end",
     "data_wait_frac",
     "cpu_s_per_1k_images",
     "ttfb_s",
     "peak_rss_mb",
     "skipped_files",
 )
+RESIDENT = "resident"  # the loader whose rate is the model's ceiling (its rows' ceiling is 1)
 # The overrides that tell the jobs of one sweep apart.
 VARIANT_KEYS = ("loader.store", "loader.val_store", "loader.decoder")
 
@@ -111,6 +125,10 @@ def _details(row: Row) -> str:
         for key, value in sorted(row.metrics.items())
         if key.endswith("_jpeg_backend") and value
     ]
+    for key in ("images_per_s", CEILING):  # a null figure says why (the run's own reason)
+        reason = row.metrics.get(f"{key}_null_reason")
+        if row.metrics.get(key) is None and reason:
+            found.append(f"{key} null: {reason}")
     if probe := row.metrics.get("autotune_probe"):
         rungs = ", ".join(
             f"{rung['workers']}: {rung['images_per_s']:,.0f}/s wait {rung['data_wait_frac']:.0%}"
@@ -120,13 +138,41 @@ def _details(row: Row) -> str:
     return fmt(", ".join(found))
 
 
+def cell(key: str, value: Any) -> str:
+    """A metric's cell: its catalog format where it declares one for reports."""
+    metric = BY_KEY.get(key)
+    if metric is not None and metric.report_decimals is not None and isinstance(value, float):
+        return report_cell(key, value)
+    return fmt(value)
+
+
+def ceilings(rows: list[Row]) -> dict[str, float]:
+    """The resident (ceiling) rate of each model that this check measured."""
+    return {
+        str(row.metrics.get("model")): row.metrics["images_per_s"]
+        for row in rows
+        if row.status == "ok"
+        and row.loader.startswith(RESIDENT)
+        and isinstance(row.metrics.get("images_per_s"), int | float)
+    }
+
+
+def with_ceiling(rows: list[Row], ceiling: dict[str, float]) -> None:
+    """Each row's ``ceiling_frac``: its own where the run wrote one, else images/s over the
+    check's resident rate with the same model (none where either is missing)."""
+    for row in rows:
+        rate, top = row.metrics.get("images_per_s"), ceiling.get(str(row.metrics.get("model")))
+        if row.metrics.get(CEILING) is None and isinstance(rate, int | float) and top:
+            row.metrics[CEILING] = rate / top
+
+
 def rows_table(rows: list[Row]) -> list[str]:
     header = ["loader", "workers", "status", *ROW_METRICS, "note"]
     return table(
         header,
         [
             [row.loader, row.workers, row.status]
-            + [fmt(row.metrics.get(k)) for k in ROW_METRICS]
+            + [cell(k, row.metrics.get(k)) for k in ROW_METRICS]
             + [_details(row)]
             for row in rows
         ],
@@ -237,12 +283,16 @@ def _benchmark_lines(runs: Path, sweeps: list[Sweep]) -> tuple[list[str], int, i
     """A table a sweep; the jobs that ran ok and the rows in all, missing jobs included."""
     ok = total = 0
     lines = ["", "## Benchmark", ""]
+    lines += [f"- {key}: {BY_KEY[key].meaning}" for key in ROW_METRICS if key in BY_KEY]
     lines.append(
-        "images/s: steady state after the warm-up batches; data_wait_frac: share of the loop "
-        "blocked on the loader; cpu_s_per_1k_images and peak_rss_mb: the whole process tree."
+        f"- {CEILING}, where a job did not write its own: its images_per_s over this check's "
+        "`loader=resident` row with the same model (the model's ceiling on this GPU)"
     )
+    collected = {sweep.name: collect(runs / sweep.name, sweep.name) for sweep in sweeps}
+    ceiling = ceilings([row for rows in collected.values() for row in rows])
     for sweep in sweeps:
-        rows = collect(runs / sweep.name, sweep.name)
+        rows = collected[sweep.name]
+        with_ceiling(rows, ceiling)
         missing = max(0, sweep.expected_jobs - len(rows))
         total += len(rows) + missing
         ok += sum(r.status == "ok" for r in rows)
@@ -282,6 +332,7 @@ def write_report(
     title: str,
     notes: list[str],
     decode_path: Path | None = None,
+    sharing_path: Path | None = None,
 ) -> tuple[int, int]:
     """The markdown report; returns (jobs that ran ok, rows in all, missing jobs included)."""
     env: dict[str, Any] = {}
@@ -311,6 +362,11 @@ def write_report(
             lines += decode_lines(json.loads(decode_path.read_text()))
         except (OSError, ValueError) as error:
             lines += ["", "## Batched JPEG decode", "", f"no figures: {short(str(error))}"]
+    if sharing_path is not None:
+        try:
+            lines += sharing_lines(json.loads(sharing_path.read_text()))
+        except (OSError, ValueError) as error:
+            lines += ["", "## Driving the JPEG decoder", "", f"no figures: {short(str(error))}"]
     lines += _machine_lines(env)
     out.write_text("\n".join(lines) + "\n")
     return ok, total

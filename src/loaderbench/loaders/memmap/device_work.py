@@ -42,8 +42,10 @@ class ThreadStreams:
             self.threads.add(threading.current_thread().name)
 
     def decoder(self) -> BatchJpegDecoder:
-        """This thread's decoder: a ``CudaJpegDecoder`` of its own (not the device's shared one,
-        whose lock would put the threads' decodes in a queue), created on first use."""
+        """This thread's decoder: a ``CudaJpegDecoder`` of its own, with its own stream (not the
+        device's shared one and its lock), created on first use. Whether that feeds the
+        hardware engine faster than one shared decoder is the GPU check's ``sharing`` phase's
+        question (the backend's own decode call may still take turns: ``loaderbench.decode``)."""
         decoder = getattr(self._local, "decoder", None)
         if decoder is None:
             if self.device.type == "cuda":

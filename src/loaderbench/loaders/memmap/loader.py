@@ -20,16 +20,16 @@ relied on and faster:
   only the boxes' lines are read, at the cost of the resize itself (the crop-and-resize limit,
   ``loaderbench.bench.limits``). On CUDA
   the reading thread gathers the rows, copies them pinned and non-blocking and crops the whole
-  batch in a few kernels (``crop_resize_flip_sampled``: roi_align, not the CPU's antialiased
-  resize; its docstring gives the difference), all on the thread's own stream
+  batch in a few kernels (``device_resize.resize_boxes``: the CPU's antialiased filter as two
+  batched matmuls, its pixels within 1 grey level), all on the thread's own stream
   (``device_work``). Val batches are stored exactly as the reference pipeline makes them and
   need nothing but the gather (and, on CUDA, the thread's copy);
 * a ``store=jpeg`` batch is decoded by one batched call in the reading threads on the CPU, or on
   CUDA by each reading thread's own batched nvJPEG decoder (``loaderbench.decode``, the spdl
-  loader's decoder) and cropped on the thread's stream. A train image's box is drawn in the
-  stored image's coordinates before
-  it is decoded, and only the box is decoded (where the backend decodes regions), then
-  resized: the same pixels as a whole decode cut to the box.
+  loader's decoder) and resized as one batch on the thread's stream (``resize_images``). A
+  train image's box is drawn in the stored image's coordinates before it is decoded, and only
+  the box is decoded (where the backend decodes regions), then resized: the same pixels as a
+  whole decode cut to the box.
 
 The gather writes straight into buffers from a bounded pool (``loaderbench.buffers``), pinned
 on CUDA; tensordict's ``pin_memory()`` would copy an already gathered batch once more, so
@@ -62,6 +62,7 @@ from loaderbench.decode import (
 )
 from loaderbench.decoded_by import add as add_counts
 from loaderbench.decoded_by import counting
+from loaderbench.device_resize import resize_boxes, resize_images
 from loaderbench.loaders.base import Batch, Loader, LoaderSpec, register_loader
 from loaderbench.loaders.memmap.build import StorePolicy
 from loaderbench.loaders.memmap.cache import OpenedCache, ensure_cache
@@ -69,12 +70,7 @@ from loaderbench.loaders.memmap.device_work import ThreadStreams
 from loaderbench.loaders.memmap.reading import ReadingThreads
 from loaderbench.loaders.memmap.settings import Settings
 from loaderbench.loaders.memmap.store_jpeg import JpegCache
-from loaderbench.transforms import (
-    crop_resize_flip_batch,
-    crop_resize_flip_rows,
-    crop_resize_flip_sampled,
-    resized_crop_images,
-)
+from loaderbench.transforms import crop_resize_flip_rows, resized_crop_images
 
 
 @dataclass
@@ -246,16 +242,13 @@ class MemmapLoader(Loader):
         flips: torch.Tensor | None,
     ) -> _Gathered:
         """Gathered rows copied to the device and (train) cropped there, by this reading
-        thread on its own stream: the whole batch in a few kernels on CUDA."""
+        thread on its own stream: the whole batch in a few kernels (``resize_boxes``)."""
         device, size = self.spec.device, self.spec.image_size
         with self._threads.on_stream():
             on_device = self._gather_pool.to_device(images, device)
             labels = self._label_pool.to_device(labels, device)
-            if boxes is not None and device.type == "cuda":
-                on_device = crop_resize_flip_sampled(on_device, boxes, size, flips)
-            elif boxes is not None:  # elsewhere (and the tests' forced CPU path): per image
-                out = torch.empty((len(images), 3, size, size), dtype=torch.uint8, device=device)
-                on_device = crop_resize_flip_batch(on_device, boxes, size, flips, out)
+            if boxes is not None:
+                on_device = resize_boxes(on_device, boxes, size, flips)
             return _Gathered(on_device, labels, self._threads.ready())
 
     def _train_boxes(self, epoch: int, indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -310,11 +303,13 @@ class MemmapLoader(Loader):
         out: torch.Tensor,
     ) -> torch.Tensor:
         """Decoded images into one batch: the stored val crops as they are, train boxes (each
-        decoded alone: its image is the box) resized and flipped."""
+        decoded alone: its image is the box) resized and flipped; off the CPU, each a batched
+        call (no Python an image but the list itself)."""
         if boxes is None:
-            for row, image in zip(out, images, strict=True):
-                row.copy_(image)
+            torch._foreach_copy_(list(out.unbind(0)), images)
             return out
+        if out.device.type != "cpu":
+            return resize_images(images, self.spec.image_size, flips, out)
         return resized_crop_images(images, _within_box(boxes), self.spec.image_size, flips, out)
 
     def _decode_on_thread_stream(

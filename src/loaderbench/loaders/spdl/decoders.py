@@ -17,8 +17,9 @@ the GIL. All three do (docs/decoding.md gives the measurement):
 * ``nvjpeg``: the pool threads only read the bytes and the sizes (and decode the odd non-JPEG
   file on the CPU, into pinned memory); one stage after them makes one batched nvJPEG call per
   batch, each train image's box only, through the device's one decoder
-  (``loaderbench.decode.CudaJpegDecoder``), then resizes the batch on the GPU, on the
-  decoder's stream. It needs a CUDA device and says so at once where there is none.
+  (``loaderbench.decode.CudaJpegDecoder``), then finishes the batch on the GPU, on the
+  decoder's stream, in one batched resize (``device_resize``: the CPU path's filter, within 1
+  grey level). It needs a CUDA device and says so at once where there is none.
 
 Which files a fast decoder may take is decided by one rule, from the file's bytes
 (``images.fast_jpeg``): a whole JPEG of 1 or 3 components without an EXIF orientation tag.
@@ -47,8 +48,16 @@ import torch
 from loaderbench import decode, decoded_by
 from loaderbench.buffers import BatchBuffers
 from loaderbench.decode import Decoded, batch_decoder, decode_cpu, require_cuda
+from loaderbench.device_resize import resize_images
 from loaderbench.images import check_size, fast_jpeg, load_rgb
-from loaderbench.loaders.spdl.geometry import Geometry, Plan, apply_plan, split_region
+from loaderbench.loaders.spdl.geometry import (
+    Geometry,
+    Plan,
+    PlanTable,
+    apply_plan,
+    plan_table,
+    split_region,
+)
 from loaderbench.loaders.spdl.records import (
     DecodedBatch,
     Failure,
@@ -298,8 +307,9 @@ class NvjpegDecoder(ImageDecoder):
     """Two stages: the pool threads read a batch's files (``decode_batch``: bytes, sizes, plans,
     the non-JPEG files decoded on the CPU into pinned memory); one stage after them decodes the
     JPEGs in one batched nvJPEG call through the device's decoder and finishes the batch on its
-    stream (``to_device``). nvJPEG calls from many threads would only queue on its lock, and
-    each image's crop would launch kernels from a pool thread."""
+    stream in a few kernels (``to_device``). Whether a decoder per thread and stream would feed
+    the hardware engine faster is the GPU check's ``sharing`` phase's question (not measured
+    yet); the host work around the call is ``loaderbench.bench.host_cost``'s."""
 
     name = "nvjpeg"
 
@@ -337,36 +347,53 @@ class NvjpegDecoder(ImageDecoder):
     def to_device(  # type: ignore[override]
         self, read: ReadBatch, buffers: BatchBuffers
     ) -> DecodedBatch:
-        """The JPEGs decoded at once, every image planned into one batch on the device."""
-        size, device = self.geometry.size, self.device
+        """The JPEGs decoded in one call, then finished as one batch on the decoder's stream:
+        every plan's resize, crop and flip in a few kernels (``device_resize``)."""
+        device = self.device
         failures = list(read.failures)
-        regions = [split_region(plan) for _, plan in read.jpegs]
+        regions, table = plan_table([plan for _, plan in read.jpegs])
+        labels = [item.sample.label for item, _ in read.jpegs]
 
         def finish(decoded: list[Decoded]) -> DecodedBatch:
-            rows = len(decoded) + len(read.staged_labels)
-            images = torch.empty((rows, 3, size, size), dtype=torch.uint8, device=device)
-            labels = buffers.labels.take(rows)
-            kept = 0
-            for (item, _), (_, rest), image in zip(read.jpegs, regions, decoded, strict=True):
-                if isinstance(image, BaseException):
-                    failures.append(
-                        Failure(item.sample.index, item.sample.path, _first_line(image))
-                    )
-                    continue
-                images[kept].copy_(apply_plan(image, rest))
-                labels[kept] = item.sample.label
-                kept += 1
-            staged = len(read.staged_labels)
-            if staged:
-                images[kept : kept + staged].copy_(buffers.images.to_device(read.staged, device))
-                labels[kept : kept + staged] = torch.tensor(read.staged_labels)
-                kept += staged
-            on_device = buffers.labels.to_device(labels[:kept], device)
-            return DecodedBatch(images[:kept], on_device, failures)
+            kept = [k for k, image in enumerate(decoded) if not isinstance(image, BaseException)]
+            for k in sorted(set(range(len(decoded))) - set(kept)):
+                sample = read.jpegs[k][0].sample
+                failures.append(Failure(sample.index, sample.path, _first_line(decoded[k])))
+            images = self._finished([decoded[k] for k in kept], table, kept, read, buffers)
+            label_list = [labels[k] for k in kept] + read.staged_labels
+            pinned = buffers.labels.take(len(label_list))
+            pinned.copy_(torch.tensor(label_list, dtype=torch.int64))
+            return DecodedBatch(images, buffers.labels.to_device(pinned, device), failures)
 
         datas = [opened.payload for opened, _ in read.jpegs]
-        batch, ready = self.batched.run(datas, finish, [box for box, _ in regions])
+        batch, ready = self.batched.run(datas, finish, regions)
         return batch._replace(ready=ready)
+
+    def _finished(
+        self,
+        images: list[torch.Tensor],
+        table: PlanTable,
+        kept: list[int],
+        read: ReadBatch,
+        buffers: BatchBuffers,
+    ) -> torch.Tensor:
+        """The decoded regions resized by their plans, then the staged (non-JPEG) images."""
+        size, device = self.geometry.size, self.device
+        staged = len(read.staged_labels)
+        out = torch.empty((len(images) + staged, 3, size, size), dtype=torch.uint8, device=device)
+        if images:
+            pick = torch.tensor(kept, dtype=torch.int64)
+            resize_images(
+                images,
+                size,
+                table.flips[pick],
+                out[: len(images)],
+                resized=table.resized[pick],
+                offsets=table.offsets[pick],
+            )
+        if staged:
+            out[len(images) :].copy_(buffers.images.to_device(read.staged, device))
+        return out
 
     def jpeg_device(self) -> torch.device | None:
         return self.device

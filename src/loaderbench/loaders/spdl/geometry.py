@@ -168,6 +168,25 @@ def split_region(plan: Plan) -> tuple[Box, Plan]:
     return plan.box, replace(plan, box=(0, 0, h, w))
 
 
+class PlanTable(NamedTuple):
+    """A batch's plans for its regions once decoded alone (``split_region``), as tensors for
+    a batched resize (``device_resize``): each region resized to ``resized`` (h, w), the
+    output cut from ``offsets`` (top, left), mirrored where ``flips``."""
+
+    resized: torch.Tensor  # int64 (n, 2)
+    offsets: torch.Tensor  # int64 (n, 2)
+    flips: torch.Tensor  # bool (n,)
+
+
+def plan_table(plans: Sequence[Plan]) -> tuple[list[Box], PlanTable]:
+    """Each plan's box (the region to decode) and the batch's plans for the decoded regions,
+    in one pass over the plans and one tensor each."""
+    rows = [(*p.resize, *(p.crop or (0, 0))[:2], p.flip) for p in plans]
+    table = torch.tensor(rows, dtype=torch.int64).reshape(len(plans), 5)
+    boxes = [p.box for p in plans]
+    return boxes, PlanTable(table[:, 0:2], table[:, 2:4], table[:, 4].to(torch.bool))
+
+
 def apply_plan(image: torch.Tensor, plan: Plan) -> torch.Tensor:
     """Execute a plan on a uint8 CHW tensor (CPU or GPU); returns a view where it can."""
     top, left, h, w = plan.box
@@ -183,8 +202,10 @@ def apply_plan(image: torch.Tensor, plan: Plan) -> torch.Tensor:
 __all__ = [
     "Geometry",
     "Plan",
+    "PlanTable",
     "Span",
     "apply_plan",
+    "plan_table",
     "source_span",
     "split_region",
     "train_plans",
