@@ -4,6 +4,7 @@ decode phase."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re

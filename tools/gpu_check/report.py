@@ -18,7 +18,7 @@ from typing import Any
 
 from loaderbench.metrics import BY_KEY, report_cell
 from loaderbench.run_folders import read_jobs
-from tools.gpu_check.decode_bench import DECODE_BASELINE, DECODE_CASES
+from tools.gpu_check.decode_table import decode_lines
 from tools.gpu_check.machine import PACKAGES
 from tools.gpu_check.markdown import fmt, short, table
 from tools.gpu_check.sharing import sharing_lines
@@ -216,67 +216,6 @@ def _env_lines(env: dict[str, Any]) -> list[str]:
         state = "loads" if probe.get("loaded") else "**does not load**"
         rows.append([f"import {name}", f"{state}: {fmt(short(str(probe.get('detail'))))}"])
     return table(["what", "value"], rows)
-
-
-def _decode_case_cells(case: dict[str, Any], base: dict[str, Any]) -> list[str]:
-    rate, ref = case.get("images_per_s"), base.get(case["kind"])
-    ratio = f"{rate / ref:.2f}x" if rate and ref else ""
-    note = case.get("error") or case.get("first_failure") or ""
-    if case.get("status") == "ok" and case["kind"] == "region":
-        note = "only the box decoded" if case.get("region_decoded") else "whole, then cut"
-    return [
-        case["library"],
-        case["kind"],
-        case.get("status", ""),
-        fmt(case.get("images")),
-        fmt(rate),
-        fmt(case.get("source_mpx_per_s")),
-        fmt(case.get("cpu_ms_per_image")),
-        ratio,
-        fmt(short(str(note))),
-    ]
-
-
-def decode_lines(result: dict[str, Any]) -> list[str]:
-    """The decode phase's report section; cases a crash cut short show as not run."""
-    lines = ["", "## Batched JPEG decode: nvImageCodec against TorchCodec", ""]
-    if result.get("skipped"):
-        return [*lines, f"skipped: {result['skipped']}"]
-    where = result.get("gpu") or f"the CPU, {result.get('threads')} threads (not GPU figures)"
-    megapixels = fmt(result.get("mean_megapixels"))
-    lines.append(
-        f"{result.get('images')} train JPEGs of the check's set ({megapixels}"
-        f" Mpx on average), batches of {result.get('batch')}, on {where}; train crop boxes "
-        f"from `seeded_crops` (keeping {fmt(result.get('mean_kept_fraction'))} of the pixels on"
-        " average). Each row: one warm-up batch, then the set's batches round and round for"
-        f" {fmt(result.get('seconds'))} s or more, each batch waited for. **region**: nvImageCodec"
-        " decodes only the box; the others decode the whole image and cut it. The loaders choose "
-        f"`{result.get('loaders_choose')}` here."
-    )
-    cases = result.get("cases", [])
-    base = {
-        c["kind"]: c.get("images_per_s")
-        for c in cases
-        if c["library"] == DECODE_BASELINE and c.get("status") == "ok"
-    }
-    done = {(case["library"], case["kind"]) for case in cases}
-    cases = cases + [
-        {"library": name, "kind": kind, "status": "not run", "error": "the phase ended before it"}
-        for name, kind in DECODE_CASES
-        if (name, kind) not in done
-    ]
-    header = ["library", "decode", "status", "images", "images/s", "source Mpx/s"]
-    header += ["CPU ms / image", f"vs {DECODE_BASELINE}", "note"]
-    lines += ["", *table(header, [_decode_case_cells(case, base) for case in cases])]
-    agree = result.get("agreement", [])
-    if agree:
-        lines += ["", "Pixels (first images of the set): "]
-        lines += [
-            f"- {a['what']}: "
-            + (a["error"] if "error" in a else f"max {a['max_abs']}, mean {fmt(a['mean_abs'])}")
-            for a in agree
-        ]
-    return lines
 
 
 def _benchmark_lines(runs: Path, sweeps: list[Sweep]) -> tuple[list[str], int, int]:
