@@ -10,7 +10,8 @@ steady part of a run is isolated by difference: the same command runs twice, for
 so start-up, the first batches' one-off costs (imports in a thread, compiled loops' first
 calls) and the end of the run cancel out. Threads are grouped as the loader's (by name prefix:
 the decode pool, SPDL's event loop and source thread, memmap's reading threads), the training
-loop's (``MainThread`` inside ``loaderbench.engine``'s loops) and the rest. docs/gil.md gives the method's limits.
+loop's (``MainThread`` inside ``loaderbench.engine``'s loops) and the rest. docs/gil.md gives
+the method's limits.
 """
 
 from __future__ import annotations
