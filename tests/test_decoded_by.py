@@ -16,7 +16,7 @@ import torch
 from PIL import Image
 
 from loaderbench import decode, decoded_by
-from loaderbench.decode import NvImageCodecBackend, PilBackend
+from loaderbench.decode import NvImageCodecBackend, PilBackend, cpu_batch
 from loaderbench.loaders import build_loader
 from tests.conftest import (
     cpu_spec,
@@ -114,7 +114,9 @@ def test_decoded_by_sums_to_the_images_decoded(
     elif loader == "spdl":
         # The PNG and the CMYK JPEG are Pillow's in every loader: a fallback, counted.
         primary = stats["jpeg_backend"]
-        assert primary == ("ffmpeg" if options["decoder"] == "ffmpeg" else decode.backend("cpu"))
+        # turbo's batch path decodes with torchvision's libjpeg-turbo (``decode.cpu_batch``).
+        turbo = cpu_batch.LIBRARY if cpu_batch.available() else decode.backend("cpu")
+        assert primary == ("ffmpeg" if options["decoder"] == "ffmpeg" else turbo)
         assert counts["pil"] > 0 and counts[primary] > counts["pil"]
         assert set(counts) == {"pil", primary}
 
