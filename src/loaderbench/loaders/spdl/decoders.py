@@ -9,11 +9,12 @@ the GIL. All three do (docs/decoding.md gives the measurement):
   that does the whole geometry in one pass (crop, scale, flip, RGB conversion). FFmpeg's JPEG
   decoder is slower than libjpeg-turbo and its chroma upsampling is not libjpeg's, so its
   pixels differ slightly from PIL's (tests/test_spdl.py measures by how much).
-* ``turbo``: the file bytes read by the thread, decoded by libjpeg-turbo on the CPU
-  (``loaderbench.decode``: nvImageCodec, which decodes only a train crop's box, or TorchCodec,
-  torchvision.io or PIL where it does not load), then resized as uint8 by
-  ``torch.nn.functional.interpolate(antialias=True)``: the same decoder and the same filter
-  as PIL's, so it matches the torchvision reference to +-1 grey level, and it is the fastest.
+* ``turbo``: a batch's files read in one call and its JPEGs decoded by libjpeg-turbo, each
+  box cut, resized as uint8 (torch's antialiased kernel) and flipped in another, neither
+  holding the GIL (``decode.cpu_batch``; docs/gil.md); image by image through
+  ``loaderbench.decode`` (nvImageCodec, which decodes only a train crop's box, or TorchCodec,
+  torchvision.io or PIL) where that cannot run. The same decoder and the same filter as PIL's,
+  so it matches the torchvision reference to +-1 grey level, and it is the fastest.
 * ``nvjpeg``: the pool threads only read the bytes and the sizes (and decode the odd non-JPEG
   file on the CPU, into pinned memory); one stage after them makes one batched nvJPEG call per
   batch, each train image's box only, through the device's one decoder
