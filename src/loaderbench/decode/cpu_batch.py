@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import os
 import threading
 import warnings
 from pathlib import Path
@@ -72,6 +73,20 @@ def _decode_loop(
 
 _compiled: dict[str, Any] = {}
 _lock = threading.Lock()
+
+
+def _cpus() -> int:
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):  # not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+# At most one batch decode a CPU at once. More threads than CPUs (num_workers=8 on 2 cores)
+# would only share the CPUs between more decodes, and a thread holding the GIL for its batch's
+# bookkeeping would wait behind them for a CPU, stalling every other thread's Python (the
+# training loop's included); waiting here, a thread holds no GIL and takes no CPU.
+_decoding = threading.BoundedSemaphore(_cpus())
 
 
 def _load_ops() -> None:
@@ -145,9 +160,11 @@ def decode_into(
 ) -> None:
     """JPEG ``datas[k]`` (whole files that ``images.fast_jpeg`` admits) decoded, box
     ``boxes[k]`` (top, left, h, w) resized to ``out``'s size into ``out[slots[k]]`` and
-    mirrored where ``flips[k]``, in one call; raises (with no slot's content promised) where
-    any of them fails to decode."""
-    _loops()["decode"](datas, boxes, flips, slots, out)
+    mirrored where ``flips[k]``, in one call (at most one a CPU at once); raises (with no
+    slot's content promised) where any of them fails to decode."""
+    decode = _loops()["decode"]
+    with _decoding:
+        decode(datas, boxes, flips, slots, out)
     decoded_by.note(LIBRARY, len(datas))
 
 
