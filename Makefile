@@ -94,8 +94,9 @@ bench: peers ## measure the benchmark and render bench/report.{json,md,png}
 test-peers: peers ## the benchmark's tests with DALI and FFCV installed (their rows run)
 	$(PYTEST) tests/test_bench.py tests/test_bench_ffcv.py $(ARGS)
 
-# A sampling profile (py-spy) of a model=none run's loader threads: profile/profile.{txt,md}.
-profile: install ## where a loader's hot path spends its time: make profile ARGS='loader=memmap ...'
+# A sampling profile (py-spy) of a model=none run's loader threads: profile/profile.{txt,md};
+# ARGS='--gil ...': GIL-held ms per 1,000 images by thread instead (profile/gil.{md,json}).
+profile: install ## a loader's hot path (ARGS='loader=memmap ...'), or its GIL per image (ARGS='--gil ...')
 	$(PY) -m loaderbench.bench.profile $(ARGS)
 
 report: install ## draw bench/report.md and report.png from bench/report.json, measuring nothing

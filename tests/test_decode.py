@@ -15,7 +15,7 @@ import torch
 from PIL import Image
 
 from loaderbench import decode, decoded_by
-from loaderbench.decode import BACKENDS, JpegBackend, decode_pil
+from loaderbench.decode import BACKENDS, JpegBackend, cpu_batch, decode_pil
 from loaderbench.loaders import build_loader
 from loaderbench.loaders.spdl.decoders import TurboDecoder
 from loaderbench.loaders.spdl.geometry import Geometry, apply_plan
@@ -402,16 +402,20 @@ def jpeg_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_spdl_train_crops_are_the_crops_of_a_whole_decode(jpeg_root: Path) -> None:
-    """spdl's turbo decoder decodes each image's box alone; the batch is exactly the plans run
-    on whole decodes (the seeded boxes every loader draws)."""
+    """spdl's turbo decoder decodes each image's box (alone, or cut from a whole decode in its
+    batch path); the batch is exactly the plans run on whole decodes (the seeded boxes every
+    loader draws)."""
     split = folder_index(jpeg_root).train
     spec = cpu_spec(split, True, loader="spdl", image_size=48, batch_size=4, num_workers=2)
     with build_loader(spec) as loader:
         loader.set_epoch(3)
         images = torch.cat([b.images for b in loader])
         stats = loader.stats()
-    assert stats["jpeg_backend"] == decode.backend("cpu")
-    assert stats["region_decode"] is decode.region_decode("cpu")
+    if cpu_batch.available():  # the batch path: whole decodes, each box cut and resized
+        assert stats["jpeg_backend"] == cpu_batch.LIBRARY and not stats["region_decode"]
+    else:
+        assert stats["jpeg_backend"] == decode.backend("cpu")
+        assert stats["region_decode"] is decode.region_decode("cpu")
     order = torch.cat(list(spec.epoch_batches(3)))
     sizes = [Image.open(split.paths[i]).size for i in order.tolist()]
     opened = [

@@ -16,7 +16,7 @@ import torch
 from PIL import Image
 
 from loaderbench import decode, decoded_by
-from loaderbench.decode import Engine, NvImageCodecBackend, PilBackend
+from loaderbench.decode import Engine, NvImageCodecBackend, PilBackend, cpu_batch
 from loaderbench.loaders import build_loader
 from tests.conftest import (
     cpu_spec,
@@ -114,8 +114,12 @@ def test_decoded_by_sums_to_the_images_decoded(
     elif loader == "spdl":
         # The PNG and the CMYK JPEG are Pillow's in every loader: a fallback, counted.
         ffmpeg = options["decoder"] == "ffmpeg"
-        assert stats["jpeg_backend"] == ("ffmpeg" if ffmpeg else decode.backend("cpu"))
-        own = "ffmpeg" if ffmpeg else decode.counted_as("cpu")  # nvImageCodec's: its engine too
+        # turbo's batch path decodes with torchvision's libjpeg-turbo (``decode.cpu_batch``).
+        batched = cpu_batch.available()
+        turbo = cpu_batch.LIBRARY if batched else decode.backend("cpu")
+        assert stats["jpeg_backend"] == ("ffmpeg" if ffmpeg else turbo)
+        # nvImageCodec's count names its engine too.
+        own = "ffmpeg" if ffmpeg else (cpu_batch.LIBRARY if batched else decode.counted_as("cpu"))
         assert counts["pil"] > 0 and counts[own] > counts["pil"]
         assert set(counts) == {"pil", own}
 

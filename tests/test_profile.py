@@ -62,3 +62,42 @@ def test_make_profile_samples_the_memmap_reading_threads_of_a_real_run(
     assert "`MemmapLoader._gather (loaderbench/loaders/memmap/loader.py)`" in summary
     assert "resize_rows_into (loaderbench/batch_resize.py)" in summary
     assert (out / "run" / "metrics.json").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_make_profile_gil_gives_ms_per_1k_images_of_a_real_spdl_run(
+    small_root: Path, tmp_path: Path
+) -> None:
+    """``--gil``: two real runs under ``py-spy --gil``, their difference per thread group."""
+    import json
+
+    out = tmp_path / "gil"
+    command = [
+        sys.executable,
+        "-m",
+        "loaderbench.bench.profile",
+        "--gil",
+        "--gil-epochs",
+        "2,8",
+        "--rate",
+        "500",
+        "--out",
+        str(out),
+        f"dataset.root={small_root}",
+        "loader=spdl",
+        "loader.num_workers=2",
+        "loader.batch_size=8",
+        "image_size=64",
+    ]
+    done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=580)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    figures = json.loads((out / "gil.json").read_text())["gil_ms_per_1k_images"]
+    assert set(figures) == {"loader", "main", "other"}
+    assert all(value >= 0 for value in figures.values())
+    # The decode threads were sampled holding the GIL (they take it for a batch's bookkeeping).
+    raw = (out / "gil-8.txt").read_text()
+    assert "loaderbench_spdl_decode" in raw and "spdl_event_loop" in raw
+    metrics = json.loads((out / "gil-8" / "metrics.json").read_text())
+    assert 0 <= metrics["gil_frac"] <= 1 and metrics["images"] > 0
+    assert "| loader |" in (out / "gil.md").read_text()

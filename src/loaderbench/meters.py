@@ -61,6 +61,7 @@ from typing import Any
 import psutil
 from torch.utils.data import DataLoader
 
+from loaderbench.gil_probe import GilProbe, gil_frac
 from loaderbench.stopping import raise_if_stop_requested
 
 Sync = Callable[[], None]
@@ -108,6 +109,9 @@ class LoopMeter:
     setup_s: list[float] = field(default_factory=list)
     ttfb_s: float | None = None
     warmup_left: int | None = None  # warm-up batches still to come (None: warmup_batches)
+    # Per batch: the GIL probe's (held, probes) over it (``gil_frac``); None: no probe.
+    gil: GilProbe | None = field(default_factory=GilProbe)
+    gil_counts: list[tuple[int, int]] = field(default_factory=list)
 
     def window_opens_at(self, loader: object) -> int:
         """The batch of the next loop over ``loader`` where its measured window opens (see
@@ -118,14 +122,25 @@ class LoopMeter:
         return left + depth if left > 0 else ready
 
     def iterate(self, loader: Iterable[Any], max_batches: int | None = None) -> Iterator[Any]:
-        """Yield the loader's batches, timing each; one call per epoch."""
-        clock, sync, edge = self.clock, self.sync, self.window_sync
+        """Yield the loader's batches, timing each (and probing the GIL); one call per epoch."""
         opens = self.window_opens_at(loader)
         first_batch = len(self.intervals)
         # The first loop, and a later one that finds batches made before it began (a loader
         # working across epochs), settle their window where the queue first ran dry.
         queue, ready = head_start(loader)
         depth = queue if self.warmup_left is None or ready > 0 else 0
+        if self.gil is not None:
+            self.gil.start()
+        try:
+            yield from self._timed(loader, max_batches, opens, first_batch, depth)
+        finally:
+            if self.gil is not None:
+                self.gil.stop()
+
+    def _timed(
+        self, loader: Iterable[Any], max_batches: int | None, opens: int, first: int, depth: int
+    ) -> Iterator[Any]:
+        clock, sync, edge = self.clock, self.sync, self.window_sync
         epoch_start = clock()
         iterator = iter(loader)
         setup = clock() - epoch_start
@@ -155,6 +170,7 @@ class LoopMeter:
             self.intervals.append(clock() - start)
             self.measured.append(count > opens)
             self.setup_s.append(setup if count == 1 else 0.0)
+            self.gil_counts.append(self.gil.take() if self.gil is not None else (0, 0))
         left = self.warmup_batches if self.warmup_left is None else self.warmup_left
         self.warmup_left = max(0, left - count)
         # The tail of an epoch (the device's queued steps, draining, worker shutdown) belongs
@@ -165,7 +181,7 @@ class LoopMeter:
                 edge()
             self.intervals[-1] += clock() - tail_start
         if depth > 0:
-            self._open_where_the_queue_ran_dry(first_batch + opens, depth)
+            self._open_where_the_queue_ran_dry(first + opens, depth)
         if isinstance(iterator, Iterator) and hasattr(iterator, "close"):
             iterator.close()  # a generator cut short by max_batches releases its resources now
 
@@ -214,6 +230,8 @@ class LoopMeter:
         steady_time = sum(self.intervals[i] for i in chosen) + (0.0 if steady else all_s - loop_s)
         steady_images = sum(self.sizes[i] for i in chosen)
         steady_wait = sum(self.waits[i] for i in chosen)
+        held = sum(self.gil_counts[i][0] for i in chosen)
+        probes = sum(self.gil_counts[i][1] for i in chosen)
         return {
             "images": images,
             "batches": n - since,
@@ -223,6 +241,7 @@ class LoopMeter:
             "data_wait_frac": steady_wait / steady_time if steady_time > 0 else None,
             "loop_s": loop_s,
             "measured_batches": len(chosen) if steady else 0,
+            "gil_frac": gil_frac(held, probes),
         }
 
 
@@ -415,6 +434,7 @@ def loop_metrics(meter: LoopMeter, cpu_s: float, since: int = 0) -> dict[str, An
         "steady_batches": summary["measured_batches"],
         "ttfb_s": summary["ttfb_s"],
         "data_wait_frac": summary["data_wait_frac"],
+        "gil_frac": summary["gil_frac"],
         "loop_s": summary["loop_s"],
         "cpu_s": cpu_s,
         "cpu_s_per_1k_images": 1000 * cpu_s / images if images else None,

@@ -95,6 +95,13 @@ METRICS: tuple[Metric, ...] = (
         "data-parallel runs: the data wait of the rank that waited longest (``slowest_rank``)",
         summary=True,
     ),
+    Metric(
+        "gil_frac",
+        "share of the steady loop's wall time the GIL was held (an in-process probe; docs/gil.md)",
+        "mean",
+        summary=True,
+        report_decimals=3,
+    ),
     Metric("loop_s", "the main loop's wall seconds (mean over ranks)", "mean"),
     Metric("cpu_s", "CPU seconds of the process trees in the loop", "sum"),
     Metric(

@@ -63,11 +63,22 @@ def to_confirm(rows: list[ProbeRow], within: float, tolerance: float) -> list[in
     return close
 
 
+# A GIL held this share of the time leaves more threads in the process little to gain (at
+# most 1 / share x) and costs every thread more hand-offs (docs/gil.md).
+GIL_BOUND = 0.7
+
+
+def gil_bound(row: ProbeRow) -> bool:
+    """Whether the count's process held its GIL so much that more threads cannot help."""
+    return row.gil_frac is not None and row.gil_frac >= GIL_BOUND
+
+
 def keep_climbing(rows: list[ProbeRow], gain: float, tolerance: float) -> bool:
     """Try the next count: not once the loop is fed (more workers could only take CPU from
-    it); else always after the first, then while the last one beat the best before it by more
-    than ``gain``."""
-    if rows[-1].data_wait_frac <= fed_wait(tolerance):
+    it), nor once a count holds the GIL ``GIL_BOUND`` of the time (threads past it queue for
+    the GIL); else always after the first, then while the last one beat the best before it by
+    more than ``gain``."""
+    if rows[-1].data_wait_frac <= fed_wait(tolerance) or gil_bound(rows[-1]):
         return False
     if len(rows) == 1:
         return True

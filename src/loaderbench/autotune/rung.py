@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from loaderbench import distributed
+from loaderbench.gil_probe import gil_frac
 from loaderbench.loaders import Batch, Loader, LoaderSpec, build_loader
 from loaderbench.meters import LoopMeter, ProcessTreeMonitor
 from loaderbench.runtime import synchronizer
@@ -42,6 +43,8 @@ class ProbeRow:
     batches: int  # measured
     seconds: float  # the whole rung: loader built, run past its head start, measured, closed
     windows: int = 1  # 2: measured again and pooled (``pooled``)
+    # The GIL-held share of the window (``gil_probe``; None: not probed). Rank 0's under DDP.
+    gil_frac: float | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -76,7 +79,17 @@ def pooled(first: ProbeRow, second: ProbeRow) -> ProbeRow:
         batches=first.batches + second.batches,
         seconds=first.seconds + second.seconds,
         windows=first.windows + second.windows,
+        gil_frac=_weighted_gil(first, second),
     )
+
+
+def _weighted_gil(first: ProbeRow, second: ProbeRow) -> float | None:
+    """Both windows' GIL share, weighted by their seconds."""
+    rows = [row for row in (first, second) if row.gil_frac is not None]
+    seconds = sum(row.measured_s for row in rows)
+    if not rows or seconds <= 0:
+        return rows[0].gil_frac if rows else None
+    return sum(row.gil_frac * row.measured_s for row in rows) / seconds  # type: ignore[operator]
 
 
 def with_workers(spec: LoaderSpec, workers: int) -> LoaderSpec:
@@ -178,6 +191,8 @@ def window_row(meter: LoopMeter, skip: int, cpu_s: float, seconds: float, worker
     images = sum(meter.sizes[skip : meter.batches]) if measured else 0
     loop_s = sum(meter.intervals[skip:]) if measured else 0.0
     waited = sum(meter.waits[skip : meter.batches]) if measured else 0.0
+    held = sum(counts[0] for counts in meter.gil_counts[skip:])
+    probes = sum(counts[1] for counts in meter.gil_counts[skip:])
     return ProbeRow(
         workers=workers,
         images_per_s=images / loop_s if loop_s > 0 else 0.0,
@@ -186,6 +201,7 @@ def window_row(meter: LoopMeter, skip: int, cpu_s: float, seconds: float, worker
         images=images,
         batches=measured,
         seconds=seconds,
+        gil_frac=gil_frac(held, probes),
     )
 
 
@@ -212,4 +228,5 @@ def over_ranks(row: ProbeRow) -> ProbeRow:
         int(job["batches"]),
         job["seconds"],
         row.windows,
+        row.gil_frac,
     )

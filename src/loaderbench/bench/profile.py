@@ -37,6 +37,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from loaderbench.bench import gil_profile
+
 REPO = Path(__file__).resolve().parents[3]
 DEFAULT_THREADS = ("memmap-loader", "loaderbench_spdl_decode")
 # py-spy's frame: "function (path/to/module.py:123)"; the line number varies within a function.
@@ -125,6 +127,16 @@ def record_command(args: argparse.Namespace, raw: Path) -> list[str]:
     return [*spy, "--", *run]
 
 
+def warm_up(args: argparse.Namespace) -> None:
+    """A first pass builds what the run needs once (a memmap cache) and warms the page cache,
+    so the profile is of the hot path; and py-spy names a thread by its id, which a new thread
+    may take over from a finished one (the build's), hiding the loader's threads under another
+    name."""
+    warmup = run_command(args, "warmup", "bench.epochs=1")
+    print("+", " ".join(warmup), flush=True)
+    subprocess.run(warmup, check=True, stdout=subprocess.DEVNULL)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("profile"))
@@ -145,20 +157,31 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--summarise", type=Path, default=None, help="only summarise this profile.txt"
     )
+    parser.add_argument(
+        "--gil",
+        action="store_true",
+        help="GIL-held ms per 1,000 images by thread group (py-spy --gil; two runs)",
+    )
+    parser.add_argument(
+        "--gil-epochs", type=gil_profile.epochs_pair, default=(2, 6), help="A,B: the two runs"
+    )
     parser.add_argument("overrides", nargs="*", help="train.py / eval.py overrides")
     args = parser.parse_args(argv)
     args.out = args.out.absolute()
+    args.loader_threads = [prefix for prefix in args.threads.split(",") if prefix]
+    if args.gil:
+        if args.threads == ",".join(DEFAULT_THREADS):
+            args.loader_threads = list(gil_profile.LOADER_THREADS)
+        args.out.mkdir(parents=True, exist_ok=True)
+        if not args.no_warmup:
+            warm_up(args)
+        gil_profile.measure(args, run_command)
+        return 0
     raw = args.summarise or args.out / "profile.txt"
     if args.summarise is None:
         args.out.mkdir(parents=True, exist_ok=True)
         if not args.no_warmup:
-            # A first pass builds what the run needs once (a memmap cache) and warms the page
-            # cache, so the profile is of the hot path; and py-spy names a thread by its id,
-            # which a new thread may take over from a finished one (the build's), hiding the
-            # loader's threads under another name.
-            warmup = run_command(args, "warmup", "bench.epochs=1")
-            print("+", " ".join(warmup), flush=True)
-            subprocess.run(warmup, check=True, stdout=subprocess.DEVNULL)
+            warm_up(args)
         command = record_command(args, raw)
         print("+", " ".join(command), flush=True)
         subprocess.run(command, check=True)

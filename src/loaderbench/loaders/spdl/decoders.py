@@ -9,11 +9,12 @@ the GIL. All three do (docs/decoding.md gives the measurement):
   that does the whole geometry in one pass (crop, scale, flip, RGB conversion). FFmpeg's JPEG
   decoder is slower than libjpeg-turbo and its chroma upsampling is not libjpeg's, so its
   pixels differ slightly from PIL's (tests/test_spdl.py measures by how much).
-* ``turbo``: the file bytes read by the thread, decoded by libjpeg-turbo on the CPU
-  (``loaderbench.decode``: nvImageCodec, which decodes only a train crop's box, or TorchCodec,
-  torchvision.io or PIL where it does not load), then resized as uint8 by
-  ``torch.nn.functional.interpolate(antialias=True)``: the same decoder and the same filter
-  as PIL's, so it matches the torchvision reference to +-1 grey level, and it is the fastest.
+* ``turbo``: a batch's files read in one call and its JPEGs decoded by libjpeg-turbo, each
+  box cut, resized as uint8 (torch's antialiased kernel) and flipped in another, neither
+  holding the GIL (``decode.cpu_batch``; docs/gil.md); image by image through
+  ``loaderbench.decode`` (nvImageCodec, which decodes only a train crop's box, or TorchCodec,
+  torchvision.io or PIL) where that cannot run. The same decoder and the same filter as PIL's,
+  so it matches the torchvision reference to +-1 grey level, and it is the fastest.
 * ``nvjpeg``: the pool threads only read the bytes and the sizes (and decode the odd non-JPEG
   file on the CPU, into pinned memory); one stage after them makes one batched nvJPEG call per
   batch, each train image's box only, through the device's one decoder
@@ -47,7 +48,7 @@ import torch
 
 from loaderbench import decode, decoded_by
 from loaderbench.buffers import BatchBuffers
-from loaderbench.decode import Decoded, batch_decoder, decode_cpu, require_cuda
+from loaderbench.decode import Decoded, batch_decoder, cpu_batch, decode_cpu, require_cuda
 from loaderbench.device_resize import resize_images
 from loaderbench.images import check_size, fast_jpeg, load_rgb
 from loaderbench.loaders.spdl.geometry import (
@@ -99,7 +100,11 @@ def open_file(sample: Sample) -> Opened:
     over the pixel limit), its bytes kept for the decoder; any other file by decoding it
     through the generic decoder (PIL), which reads it or refuses it as in every other loader.
     Every spdl decoder opens files here. Raises for an unreadable file."""
-    data = read_bytes(sample.path)
+    return open_read(sample, read_bytes(sample.path))
+
+
+def open_read(sample: Sample, data: torch.Tensor) -> Opened:
+    """``open_file`` of a file whose bytes were read already."""
     header = fast_jpeg(data.numpy())
     if header is None:
         image = decode_generic(sample.path)
@@ -221,12 +226,77 @@ class ImageDecoder(abc.ABC):
 
 
 class TurboDecoder(ImageDecoder):
-    """libjpeg-turbo (torchvision.io.decode_jpeg) + uint8 antialiased resize, on the CPU."""
+    """libjpeg-turbo + uint8 antialiased resize, on the CPU: a batch read in one call and its
+    JPEGs decoded, cut, resized and flipped in another, neither holding the GIL
+    (``decode.cpu_batch``); image by image (``finish``) where those calls cannot run here, for
+    the files PIL reads, for a plan that is not a box resized to the output size, and for a
+    batch where a file fails (so that the failure names it)."""
 
     name = "turbo"
 
+    def __init__(self, geometry: Geometry, device: torch.device) -> None:
+        self.batched = cpu_batch.available()
+        super().__init__(geometry, device)
+        if self.batched:  # a val crop's box cut from the whole image: the region's pixels
+            self.geometry = replace(self.geometry, val_region=True)
+            cpu_batch.warm_up()
+
     def open(self, sample: Sample) -> Opened:
         return open_file(sample)
+
+    def decode_batch(self, samples: Sequence[Sample], buffers: BatchBuffers) -> DecodedBatch:
+        if not self.batched:
+            return super().decode_batch(samples, buffers)
+        try:
+            datas = cpu_batch.read_files([sample.path for sample in samples])
+        except Exception:  # a file missing or unreadable: image by image names it
+            return super().decode_batch(samples, buffers)
+        opened: list[Opened] = []
+        failures: list[Failure] = []
+        for sample, data in zip(samples, datas, strict=True):
+            try:
+                opened.append(open_read(sample, data))
+            except Exception as error:
+                failures.append(Failure(sample.index, sample.path, _first_line(error)))
+        plans = self.geometry.plans(opened)
+        images, labels = buffers.take(len(opened))
+        labels.copy_(torch.tensor([item.sample.label for item in opened], dtype=labels.dtype))
+        size = (self.geometry.size, self.geometry.size)
+        at_once = [
+            k
+            for k, (item, plan) in enumerate(zip(opened, plans, strict=True))
+            if is_encoded(item) and plan.crop is None and plan.resize == size
+        ]
+        try:
+            cpu_batch.decode_into(
+                [opened[k].payload for k in at_once],
+                [list(plans[k].box) for k in at_once],
+                [plans[k].flip for k in at_once],
+                at_once,
+                images,
+            )
+            done = set(at_once)
+        except Exception:  # a JPEG libjpeg-turbo refuses: each decoded alone, the bad one named
+            done = set()
+        kept = list(range(len(opened)))
+        for k in (k for k in range(len(opened)) if k not in done):
+            try:
+                images[k].copy_(self.finish(opened[k], plans[k]))
+            except Exception as error:
+                item = opened[k].sample
+                failures.append(Failure(item.index, item.path, _first_line(error)))
+                kept.remove(k)
+        if len(kept) < len(opened):  # the failed files' rows taken out, the order kept
+            rows = torch.tensor(kept, dtype=torch.long)
+            images[: len(kept)] = images[rows]
+            labels[: len(kept)] = labels[rows]
+        return DecodedBatch(images[: len(kept)], labels[: len(kept)], failures)
+
+    def jpeg_backend(self) -> str:
+        return cpu_batch.LIBRARY if self.batched else super().jpeg_backend()
+
+    def decodes_regions(self) -> bool:
+        return not self.batched and super().decodes_regions()
 
     def finish(self, opened: Opened, plan: Plan) -> torch.Tensor:
         if not is_encoded(opened):  # decoded whole already (not a JPEG, or one PIL reads)

@@ -6,7 +6,8 @@ One SPDL pipeline, all in this process (no worker processes):
                ``loader.batch_size`` Sample(index, path, label, epoch) (the last partial batch
                dropped when training); re-iterated for each epoch
     decode     ``loader.num_workers`` batches at once in a pool of as many threads, each
-               decoded image by image straight into one contiguous uint8 NCHW batch and its
+               decoded straight into one contiguous uint8 NCHW batch (turbo: in one call
+               a batch that holds no GIL; the others image by image) and its
                int64 labels, taken from a bounded pool of buffers (``loaderbench.buffers``;
                pinned on CUDA runs); nvjpeg: the files read, not yet decoded
     device     CUDA runs, one thread: a CPU decoder's batch copied on a side stream; nvjpeg's
