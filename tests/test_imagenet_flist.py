@@ -18,7 +18,7 @@ from torch import Tensor
 from loaderbench.config import DatasetConfig
 from loaderbench.data import DatasetError, DatasetIndex, discover, parse_wnid
 from loaderbench.loaders import build_loader, loader_names
-from tests.conftest import cpu_spec, loader_folders, run_entry, single_run
+from tests.conftest import cpu_spec, folder_index, loader_folders, run_entry, single_run
 
 pytestmark = pytest.mark.filterwarnings(
     "ignore:The image decoding and encoding capabilities of TorchVision:DeprecationWarning"
@@ -36,12 +36,6 @@ def write_file_lists(root: Path, out: Path) -> tuple[Path, Path]:
         path.write_text("\n".join(lines) + "\n\n")  # a trailing blank line is fine
         lists.append(path)
     return lists[0], lists[1]
-
-
-def folder_index(root: Path) -> DatasetIndex:
-    cfg = OmegaConf.structured(DatasetConfig(index_dir=None))
-    cfg.name, cfg.root = "folder", str(root)
-    return discover(cfg)
 
 
 def flist_index(root: Path, train_list: Path, val_list: Path) -> DatasetIndex:

@@ -9,12 +9,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from omegaconf import OmegaConf
 from PIL import Image
 
 from loaderbench.buffers import BatchBuffers
-from loaderbench.config import DatasetConfig
-from loaderbench.data import DatasetIndex, Split, discover
+from loaderbench.data import Split
 from loaderbench.images import load_rgb
 from loaderbench.loaders import LoaderSpec, build_loader
 from loaderbench.loaders.base import epoch_permutation, shard_indices
@@ -23,7 +21,7 @@ from loaderbench.loaders.spdl.geometry import Geometry
 from loaderbench.loaders.spdl.loader import SpdlLoader, epoch_samples
 from loaderbench.loaders.spdl.records import Sample
 from loaderbench.transforms import pil_val_transform
-from tests.conftest import cpu_spec, run_entry, single_run
+from tests.conftest import cpu_spec, folder_index, run_entry, single_run
 
 # torchvision 0.29 deprecates its codecs (the decoders filter it; pytest resets the filters).
 pytestmark = pytest.mark.filterwarnings(
@@ -33,12 +31,6 @@ pytestmark = pytest.mark.filterwarnings(
 CPU_DECODERS = ("turbo", "ffmpeg")
 HAS_CUDA = torch.cuda.is_available()
 NO_CUDA_REASON = "nvjpeg decodes on the GPU and this machine has no CUDA device"
-
-
-def index_of(root: Path) -> DatasetIndex:
-    cfg = OmegaConf.structured(DatasetConfig(index_dir=None))
-    cfg.name, cfg.root = "folder", str(root)
-    return discover(cfg)
 
 
 def spec(split: Split, train: bool, decoder: str = "turbo", **kwargs) -> LoaderSpec:
@@ -87,7 +79,7 @@ def identify(images: torch.Tensor) -> list[int]:
 def test_epoch_yields_every_image_once_labels_intact_new_order(
     colour_root: Path, decoder: str
 ) -> None:
-    index = index_of(colour_root)
+    index = folder_index(colour_root)
     split = index.train
     colour_of_path = {p: int(Path(p).stem.split("_")[1]) for p in split.paths}
     loader = build_loader(spec(split, train=True, decoder=decoder, batch_size=4))
@@ -116,7 +108,7 @@ def test_epoch_yields_every_image_once_labels_intact_new_order(
 
 
 def test_val_keeps_the_split_order_and_the_short_last_batch(tiny_root: Path) -> None:
-    index = index_of(tiny_root)
+    index = folder_index(tiny_root)
     loader = build_loader(spec(index.val, train=False))
     try:
         batches = list(loader)
@@ -127,7 +119,7 @@ def test_val_keeps_the_split_order_and_the_short_last_batch(tiny_root: Path) -> 
 
 
 def test_epoch_samples_shard_the_epoch_like_every_loader(tiny_root: Path) -> None:
-    split = index_of(tiny_root).train
+    split = folder_index(tiny_root).train
     parts = [
         list(epoch_samples(spec(split, train=True, rank=r, world_size=2), epoch=1)) for r in (0, 1)
     ]
@@ -175,7 +167,7 @@ TOLERANCES = {
 
 
 def assert_matches_reference(root: Path, decoder: str, size: int, device: str = "cpu") -> None:
-    index = index_of(root)
+    index = folder_index(root)
     reference = pil_val_transform(size)
     expected = torch.stack([reference(load_rgb(p)) for p in index.val.paths])
     loader = build_loader(
@@ -204,7 +196,7 @@ def test_val_images_match_the_torchvision_reference(
 
 @pytest.mark.parametrize("decoder", CPU_DECODERS)
 def test_train_pipeline_is_reproducible(tiny_root: Path, decoder: str) -> None:
-    split = index_of(tiny_root).train
+    split = folder_index(tiny_root).train
 
     def first_epoch() -> torch.Tensor:
         loader = build_loader(spec(split, train=True, decoder=decoder))
@@ -245,7 +237,7 @@ BAD_FILES = {"zz_truncated.JPEG", "zz_empty.JPEG", "zz_text.JPEG"}
 @pytest.mark.parametrize("decoder", CPU_DECODERS)
 @pytest.mark.timeout(120)
 def test_unreadable_files_are_skipped_and_counted(damaged_root: Path, decoder: str) -> None:
-    index = index_of(damaged_root)
+    index = folder_index(damaged_root)
     loader = build_loader(spec(index.val, train=False, decoder=decoder))
     try:
         labels = torch.cat([b.labels for b in loader])
@@ -260,7 +252,7 @@ def test_unreadable_files_are_skipped_and_counted(damaged_root: Path, decoder: s
 @pytest.mark.parametrize("decoder", CPU_DECODERS)
 @pytest.mark.timeout(120)
 def test_unreadable_file_raises_naming_it(damaged_root: Path, decoder: str, bad: str) -> None:
-    index = index_of(damaged_root)
+    index = folder_index(damaged_root)
     keep = [i for i, p in enumerate(index.val.paths) if Path(p).name not in BAD_FILES - {bad}]
     split = Split(
         "val", tuple(index.val.paths[i] for i in keep), tuple(index.val.labels[i] for i in keep)
@@ -280,7 +272,7 @@ def test_unreadable_file_raises_naming_it(damaged_root: Path, decoder: str, bad:
 
 @pytest.mark.timeout(120)
 def test_no_thread_outlives_the_loader(tiny_root: Path) -> None:
-    index = index_of(tiny_root)
+    index = folder_index(tiny_root)
     before = spdl_threads()
     loader = build_loader(spec(index.train, train=True, num_workers=3))
     for epoch in range(2):
@@ -308,7 +300,7 @@ def test_no_thread_outlives_the_loader(tiny_root: Path) -> None:
 
 @pytest.mark.timeout(120)
 def test_a_pipeline_per_epoch_when_not_persistent(tiny_root: Path) -> None:
-    index = index_of(tiny_root)
+    index = folder_index(tiny_root)
     before = spdl_threads()
     loader = build_loader(spec(index.train, True, persistent=False))
     for epoch in range(2):
@@ -321,7 +313,7 @@ def test_a_pipeline_per_epoch_when_not_persistent(tiny_root: Path) -> None:
 @pytest.mark.timeout(120)
 def test_a_persistent_pipeline_serves_the_epoch_asked_for(colour_root: Path) -> None:
     """Reused across epochs, rebuilt when set_epoch jumps (resume) or repeats one."""
-    split = index_of(colour_root).train
+    split = folder_index(colour_root).train
     persistent = build_loader(spec(split, train=True, batch_size=4))
 
     def colours(loader, epoch: int) -> list[int]:
@@ -340,7 +332,7 @@ def test_a_persistent_pipeline_serves_the_epoch_asked_for(colour_root: Path) -> 
 
 
 def test_stats_report_spdl_stage_figures(tiny_root: Path) -> None:
-    loader = build_loader(spec(index_of(tiny_root).val, train=False))
+    loader = build_loader(spec(folder_index(tiny_root).val, train=False))
     for _ in loader:
         pass
     loader.close()
@@ -367,7 +359,7 @@ def test_stats_report_spdl_stage_figures(tiny_root: Path) -> None:
 def test_nvjpeg_without_cuda_fails_at_once_saying_so(tiny_root: Path) -> None:
     before = spdl_threads()
     with pytest.raises(RuntimeError, match="nvjpeg.*no CUDA device"):
-        build_loader(spec(index_of(tiny_root).val, train=False, decoder="nvjpeg"))
+        build_loader(spec(folder_index(tiny_root).val, train=False, decoder="nvjpeg"))
     assert spdl_threads() <= before
 
 
@@ -377,7 +369,7 @@ def test_nvjpeg_batch_logic_runs_off_the_gpu(
     """The batch path (batched decode, one-by-one retry on a bad file, non-JPEG fallback,
     plans, stacking) with the CPU's batched decoder standing in for nvJPEG."""
     monkeypatch.setattr(decoders, "require_cuda", lambda device, what: None)
-    index = index_of(damaged_root)
+    index = folder_index(damaged_root)
     # Whole, with a sound frame header, so handed to the batched decode, which fails on it:
     # a Huffman table whose code counts add up to far over 256.
     bogus = bytearray(Path(index.val.paths[0]).read_bytes())
@@ -406,7 +398,7 @@ def test_nvjpeg_batch_logic_runs_off_the_gpu(
 @pytest.mark.skipif(not HAS_CUDA, reason=NO_CUDA_REASON)
 def test_nvjpeg_refuses_a_cpu_run(tiny_root: Path) -> None:
     with pytest.raises(RuntimeError, match="device=cuda"):
-        build_loader(spec(index_of(tiny_root).val, train=False, decoder="nvjpeg"))
+        build_loader(spec(folder_index(tiny_root).val, train=False, decoder="nvjpeg"))
 
 
 @pytest.mark.cuda
@@ -420,7 +412,7 @@ def test_nvjpeg_val_images_match_the_reference(tiny_root: Path, size: int) -> No
 @pytest.mark.skipif(not HAS_CUDA, reason=NO_CUDA_REASON)
 @pytest.mark.timeout(120)
 def test_nvjpeg_train_epoch_on_the_gpu_and_skips_damaged(damaged_root: Path) -> None:
-    index = index_of(damaged_root)
+    index = folder_index(damaged_root)
     loader = build_loader(
         spec(index.val, train=True, decoder="nvjpeg", device=torch.device("cuda"))
     )
@@ -435,7 +427,9 @@ def test_nvjpeg_train_epoch_on_the_gpu_and_skips_damaged(damaged_root: Path) -> 
 @pytest.mark.cuda
 @pytest.mark.skipif(not HAS_CUDA, reason=NO_CUDA_REASON)
 def test_cpu_decode_transfers_to_the_gpu(tiny_root: Path) -> None:
-    loader = build_loader(spec(index_of(tiny_root).val, train=False, device=torch.device("cuda")))
+    loader = build_loader(
+        spec(folder_index(tiny_root).val, train=False, device=torch.device("cuda"))
+    )
     try:
         batches = list(loader)
     finally:
@@ -476,7 +470,7 @@ def test_a_failing_stage_ends_the_epoch_with_its_cause(
     """Not a bad file (those are Failures) but the stage itself raising: the consumer gets the
     error, not an epoch quietly short of a batch, and the threads are gone."""
     before = spdl_threads()
-    loader = build_loader(spec(index_of(tiny_root).val, train=False))
+    loader = build_loader(spec(folder_index(tiny_root).val, train=False))
     real, calls = loader.decoder.decode_batch, []
 
     def fails_second(samples, buffers):

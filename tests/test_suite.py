@@ -41,6 +41,7 @@ def test_loose(i):
 """
 
 
+@pytest.mark.slow
 def test_a_group_runs_on_one_worker_and_its_module_fixture_is_built_once(tmp_path: Path) -> None:
     (tmp_path / "pytest.ini").write_text("[pytest]\n")  # its own root: none of our conftest
     (tmp_path / "test_grouped.py").write_text(GROUPED)
