@@ -59,15 +59,23 @@ def loader_folder_overrides(loader: str, folder: Path) -> list[str]:
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
         "--order",
-        default="as-written",
-        help="run the tests as-written, in reverse, or shuffle:SEED (a check that no test "
-        "depends on another having run first)",
+        default="slow-first",
+        help="slow-first (the default: the tests marked slow first, each part as written), "
+        "as-written, reverse, or shuffle:SEED (a check that no test depends on another having "
+        "run first)",
     )
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     order = config.getoption("--order")
-    if order == "reverse":
+    if order == "slow-first":
+        # The longest work starts first (xdist hands the tests out in this order): two workers
+        # then end together, the short tests filling in behind the long ones, rather than one
+        # worker finishing a long end-to-end run alone. The modules with a slow test first, each
+        # whole and as written (a module fixture is made once).
+        slow = {getattr(item, "module", None) for item in items if item.get_closest_marker("slow")}
+        items.sort(key=lambda item: getattr(item, "module", None) not in slow)
+    elif order == "reverse":
         items.reverse()
     elif order.startswith("shuffle:"):
         # Seeded (the same order in every xdist worker); the modules in a random order and the
@@ -83,7 +91,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             rng.shuffle(group)
         items[:] = [item for group in groups for item in group]
     elif order != "as-written":
-        raise pytest.UsageError(f"--order={order}: as-written, reverse or shuffle:SEED")
+        raise pytest.UsageError(f"--order={order}: slow-first, as-written, reverse or shuffle:SEED")
 
 
 class ProcessInAFastTest(RuntimeError):
