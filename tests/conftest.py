@@ -99,15 +99,16 @@ class ProcessInAFastTest(RuntimeError):
 
 
 @pytest.fixture(autouse=True)
-def _processes_only_in_slow_tests(
+def process_guard(
     request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
-) -> Iterator[None]:
+) -> Iterator[list[str]]:
     """A test that starts a process (train.py, eval.py, torchrun, a script, a compiler, even
     ``python -c``) is marked ``slow``: `make test-fast` leaves them out, and this keeps it so.
     Any other test that starts one fails, naming the command (even where its code catches the
-    refusal). Processes a loader forks (DataLoader workers) are not started this way."""
+    refusal). Processes a loader forks (DataLoader workers) are not started this way. Yields
+    the commands refused (tests/test_suite.py empties it, having checked the refusal)."""
     if request.node.get_closest_marker("slow"):
-        yield
+        yield []
         return
     started: list[str] = []
 
@@ -119,7 +120,7 @@ def _processes_only_in_slow_tests(
         )
 
     monkeypatch.setattr(subprocess.Popen, "__init__", refuse)
-    yield
+    yield started
     assert not started, f"started a process in a test not marked slow: {started}"
 
 
