@@ -66,15 +66,29 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
+def _slow_first(items: list[pytest.Item]) -> Callable[[pytest.Item], tuple[bool, bool]]:
+    """The longest work first (xdist hands the tests out in this order), so that two workers
+    end together, the short tests filling in behind the long ones, rather than one worker
+    finishing a long end-to-end run alone: first the modules of an xdist group (a group is one
+    worker's, never split), then the other modules with a slow test, then the rest; each
+    module whole and as written (a module fixture is made once). A key for a stable sort."""
+
+    def modules(marker: str) -> set[object]:
+        return {getattr(i, "module", None) for i in items if i.get_closest_marker(marker)}
+
+    grouped, slow = modules("xdist_group"), modules("slow")
+
+    def key(item: pytest.Item) -> tuple[bool, bool]:
+        module = getattr(item, "module", None)
+        return module not in grouped, module not in slow
+
+    return key
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     order = config.getoption("--order")
     if order == "slow-first":
-        # The longest work starts first (xdist hands the tests out in this order): two workers
-        # then end together, the short tests filling in behind the long ones, rather than one
-        # worker finishing a long end-to-end run alone. The modules with a slow test first, each
-        # whole and as written (a module fixture is made once).
-        slow = {getattr(item, "module", None) for item in items if item.get_closest_marker("slow")}
-        items.sort(key=lambda item: getattr(item, "module", None) not in slow)
+        items.sort(key=_slow_first(items))
     elif order == "reverse":
         items.reverse()
     elif order.startswith("shuffle:"):
