@@ -60,9 +60,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
         "--order",
         default="slow-first",
-        help="slow-first (the default: the tests marked slow first, each part as written), "
-        "as-written, reverse, or shuffle:SEED (a check that no test depends on another having "
-        "run first)",
+        help="slow-first (the default: the modules of xdist groups, then those with slow "
+        "tests, then the rest, each as written), as-written, reverse, or shuffle:SEED (a check "
+        "that no test depends on another having run first)",
     )
 
 
