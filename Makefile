@@ -35,12 +35,14 @@ data: install ## the generated data set (data/)
 # Two pytest workers (pytest-xdist): most tests wait on subprocesses, so two keep both of a
 # 2-core machine busy; tests sharing a module or session fixture (the quick bench, the local
 # SLURM cluster) stay on one worker (--dist loadgroup). TEST_WORKERS=0: one process.
+# test-fast, the everyday loop, leaves out every test that starts a process (marked slow; the
+# suite fails a test that starts one unmarked); test, the whole suite, lists its 25 slowest.
 TEST_WORKERS ?= 2
 PYTEST = $(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup -ra
-test: install ## the whole suite, as users run the product (no shim, no rerun)
-	$(PYTEST) $(ARGS)
+test: install ## the whole suite (slow tests too), as users run the product; its 25 slowest
+	$(PYTEST) --durations=25 $(ARGS)
 
-test-fast: install ## the suite without the tests marked slow
+test-fast: install ## the everyday loop: the suite without the tests that start processes
 	$(PYTEST) -m "not slow" $(ARGS)
 
 # The descriptor audit (opt-in): tests/fd_audit/closeshim.c, preloaded into every process of the

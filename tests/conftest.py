@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -9,9 +10,11 @@ import shutil
 import socket
 import subprocess
 import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
 from loaderbench.images import DEFAULT_MAX_PIXELS, set_max_pixels
@@ -56,15 +59,37 @@ def loader_folder_overrides(loader: str, folder: Path) -> list[str]:
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
         "--order",
-        default="as-written",
-        help="run the tests as-written, in reverse, or shuffle:SEED (a check that no test "
-        "depends on another having run first)",
+        default="slow-first",
+        help="slow-first (the default: the modules of xdist groups, then those with slow "
+        "tests, then the rest, each as written), as-written, reverse, or shuffle:SEED (a check "
+        "that no test depends on another having run first)",
     )
+
+
+def _slow_first(items: list[pytest.Item]) -> Callable[[pytest.Item], tuple[bool, bool]]:
+    """The longest work first (xdist hands the tests out in this order), so that two workers
+    end together, the short tests filling in behind the long ones, rather than one worker
+    finishing a long end-to-end run alone: first the modules of an xdist group (a group is one
+    worker's, never split), then the other modules with a slow test, then the rest; each
+    module whole and as written (a module fixture is made once). A key for a stable sort."""
+
+    def modules(marker: str) -> set[object]:
+        return {getattr(i, "module", None) for i in items if i.get_closest_marker(marker)}
+
+    grouped, slow = modules("xdist_group"), modules("slow")
+
+    def key(item: pytest.Item) -> tuple[bool, bool]:
+        module = getattr(item, "module", None)
+        return module not in grouped, module not in slow
+
+    return key
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     order = config.getoption("--order")
-    if order == "reverse":
+    if order == "slow-first":
+        items.sort(key=_slow_first(items))
+    elif order == "reverse":
         items.reverse()
     elif order.startswith("shuffle:"):
         # Seeded (the same order in every xdist worker); the modules in a random order and the
@@ -80,7 +105,37 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             rng.shuffle(group)
         items[:] = [item for group in groups for item in group]
     elif order != "as-written":
-        raise pytest.UsageError(f"--order={order}: as-written, reverse or shuffle:SEED")
+        raise pytest.UsageError(f"--order={order}: slow-first, as-written, reverse or shuffle:SEED")
+
+
+class ProcessInAFastTest(RuntimeError):
+    """A test not marked ``slow`` started a process (not an OSError: nothing swallows it)."""
+
+
+@pytest.fixture(autouse=True)
+def process_guard(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[list[str]]:
+    """A test that starts a process (train.py, eval.py, torchrun, a script, a compiler, even
+    ``python -c``) is marked ``slow``: `make test-fast` leaves them out, and this keeps it so.
+    Any other test that starts one fails, naming the command (even where its code catches the
+    refusal). Processes a loader forks (DataLoader workers) are not started this way. Yields
+    the commands refused (tests/test_suite.py empties it, having checked the refusal)."""
+    if request.node.get_closest_marker("slow"):
+        yield []
+        return
+    started: list[str] = []
+
+    def refuse(self: subprocess.Popen, args: Any, *rest: Any, **options: Any) -> None:
+        started.append(repr(args)[:300])
+        raise ProcessInAFastTest(
+            f"{request.node.nodeid} starts a process, {started[-1]}, and is not marked slow: "
+            "mark it @pytest.mark.slow (docs/design.md#the-test-suite)"
+        )
+
+    monkeypatch.setattr(subprocess.Popen, "__init__", refuse)
+    yield started
+    assert not started, f"started a process in a test not marked slow: {started}"
 
 
 def _audit_folder() -> str | None:
@@ -173,6 +228,85 @@ def run_entry(
             f"--- stdout ---\n{proc.stdout[-4000:]}\n--- stderr ---\n{proc.stderr[-6000:]}"
         )
     return proc
+
+
+def start_torchrun(
+    *args: str,
+    cwd: Path,
+    nproc: int = 2,
+    script: Path = REPO / "train.py",
+    launcher: str = "torch.distributed.run",
+) -> subprocess.Popen:
+    """train.py (or ``script``) under torchrun (or ``launcher``, a module taking torchrun's
+    arguments), ``nproc`` processes on this machine; output on ``stdout``, as it comes."""
+    env = {
+        **os.environ,
+        "WANDB_MODE": "offline",
+        "OMP_NUM_THREADS": "1",
+        "PYTHONUNBUFFERED": "1",
+    }
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            launcher,
+            "--standalone",
+            f"--nproc_per_node={nproc}",
+            str(script),
+            *args,
+        ],
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def finish(proc: subprocess.Popen, timeout: float) -> str:
+    """Its output once it ends; killed whole (agent and ranks) if it runs past ``timeout``."""
+    try:
+        output, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        agent = psutil.Process(proc.pid)
+        for process in [*agent.children(recursive=True), agent]:  # ranks have own sessions
+            with contextlib.suppress(psutil.NoSuchProcess):
+                process.kill()
+        output, _ = proc.communicate()
+        raise AssertionError(f"still running after {timeout:.0f} s:\n{output[-4000:]}") from None
+    return output
+
+
+def torchrun(
+    *args: str, cwd: Path, check: bool = True, timeout: float = 900, nproc: int = 2
+) -> subprocess.CompletedProcess:
+    """train.py under torchrun, two processes on this machine."""
+    proc = start_torchrun(*args, cwd=cwd, nproc=nproc)
+    output = finish(proc, timeout)
+    if check:
+        assert proc.returncode == 0, output[-6000:]
+    return subprocess.CompletedProcess(proc.args, proc.returncode, output, "")
+
+
+def reference_checkpoints(
+    tmp_path_factory: pytest.TempPathFactory, launch: Callable[..., object]
+) -> Callable[..., dict]:
+    """For a module fixture: the checkpoint of the uninterrupted run that ``launch(*key,
+    cwd=folder)`` makes (train.py or torchrun, with its own outputs/), run once a key and kept;
+    the resume tests of the module compare their resumed runs with it."""
+    made: dict[tuple[str, ...], dict] = {}
+
+    def get(*key: str) -> dict:
+        if key not in made:
+            import torch
+
+            cwd = tmp_path_factory.mktemp("whole")
+            launch(*key, cwd=cwd)
+            (run_dir,) = run_dirs(cwd, "train")
+            made[key] = torch.load(run_dir / "checkpoint.pt", weights_only=True)
+        return made[key]
+
+    return get
 
 
 def run_dirs(cwd: Path, task: str) -> list[Path]:

@@ -9,25 +9,16 @@ from __future__ import annotations
 import os
 import runpy
 import sys
-import time
 from pathlib import Path
 
-TRAIN = Path(__file__).resolve().parents[1] / "train.py"
-
-
-def slow_decode(seconds: float) -> None:
-    from loaderbench.loaders.torchvision import loader as module
-
-    decode = module.load_rgb
-
-    def slow(path):  # load_rgb's signature
-        time.sleep(seconds)
-        return decode(path)
-
-    module.load_rgb = slow
+REPO = Path(__file__).resolve().parents[1]
+TRAIN = REPO / "train.py"
 
 
 if __name__ == "__main__":
+    sys.path.insert(0, str(REPO))  # run as a script: tests/ alone is on the path
+    from tests.helpers import slow_decode
+
     if os.environ.get("RANK") == os.environ["SLOW_RANK"]:
         slow_decode(float(os.environ["SLOW_DECODE_S"]))
     sys.argv[0] = str(TRAIN)  # Hydra names the job (and its outputs/ folder) after it

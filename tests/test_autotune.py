@@ -30,7 +30,15 @@ from loaderbench.autotune.rung import pooled
 from loaderbench.loaders.settings import AutotuneSettings
 from loaderbench.meters import ProcessTreeMonitor
 from loaderbench.runtime import PRECISIONS, cpus_allowed
-from tests.conftest import cpu_spec, folder_index, read_metrics, run_dirs, run_entry, single_run
+from tests.conftest import (
+    cpu_spec,
+    folder_index,
+    read_metrics,
+    run_dirs,
+    run_entry,
+    single_run,
+    torchrun,
+)
 
 FP32 = PRECISIONS["fp32"][0]
 # A short window: the sleeping decode and model make every rate regular.
@@ -439,8 +447,6 @@ def test_two_gloo_ranks_probe_together_and_adopt_one_count(
 ) -> None:
     """Three CPUs a task (SLURM_CPUS_PER_TASK): each rank climbs 1, 2, 3 with the others'
     figures, and both adopt rank 0's choice."""
-    from tests.test_distributed import torchrun
-
     monkeypatch.setenv("SLURM_CPUS_PER_TASK", "3")
     torchrun(
         "device=cpu",

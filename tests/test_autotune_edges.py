@@ -47,6 +47,7 @@ from tests.conftest import (
     run_dirs,
     run_entry,
 )
+from tests.helpers import slow_decode
 from tests.test_config import compose_cfg
 
 FP32 = PRECISIONS["fp32"][0]
@@ -99,20 +100,6 @@ def settle(session: Session, image_size: int = 32) -> dict:
     with session.monitor:
         settle_num_workers(session, training_workload(session, None, image_size))
     return session.metrics
-
-
-def slow_decode(seconds: float) -> None:
-    """The torchvision loader's image decode sleeps first (forked workers inherit it): each
-    worker adds a batch per sleep, whatever the machine's cores, so rates follow the count."""
-    from loaderbench.loaders.torchvision import loader as module
-
-    decode = module.load_rgb
-
-    def slow(path):  # load_rgb's signature
-        time.sleep(seconds)
-        return decode(path)
-
-    module.load_rgb = slow
 
 
 # ---------------------------------------------------------------------------------------------

@@ -14,7 +14,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from loaderbench.device_resize import resize_boxes
 from loaderbench.loaders.memmap.store_raw import write_fit
 from loaderbench.transforms import crop_resize_flip_batch, seeded_crops
-from tests.test_memmap import SIZE, index_of, make_loader
+from tests.conftest import folder_index
+from tests.test_memmap import SIZE, make_loader
 
 MAX_DIFF = 1  # grey levels: the CPU kernel's 16-bit weights round a few pixels apart
 MEAN_DIFF = 0.05  # measured: 0.004-0.04 (the most where a box is enlarged 2.5x)
@@ -83,7 +84,7 @@ def test_the_batched_crop_of_the_loaders_own_rows_is_its_batches(
     """What the CUDA loader computes, on the CPU: its stored rows, its boxes and flips, cut in
     one batch, against the CPU loader's batches (tests/test_gpu.py holds the CUDA loader to
     these figures)."""
-    loader = make_loader(index_of(tiny_root).train, tmp_path, train=True, batch_size=8)
+    loader = make_loader(folder_index(tiny_root).train, tmp_path, train=True, batch_size=8)
     try:
         rows = loader.cache.data.images.as_subclass(torch.Tensor).permute(0, 3, 1, 2)
         for batch, indices in zip(loader, loader.spec.epoch_batches(0), strict=True):

@@ -21,6 +21,7 @@ COMMITTED = REPO / "bench" / "report.json"
 RENDER = [sys.executable, "-m", "loaderbench.bench.render"]
 
 
+@pytest.mark.slow
 def test_the_committed_report_is_drawn_from_the_committed_json(tmp_path: Path) -> None:
     """`make report`: report.md byte for byte, and a PNG, from report.json without measuring."""
     proc = subprocess.run(
@@ -40,6 +41,7 @@ def test_report_json_reads_back_as_written() -> None:
     assert Report.load(COMMITTED).to_json() == saved
 
 
+@pytest.mark.slow
 def test_another_schema_or_a_missing_key_is_refused_naming_it(tmp_path: Path) -> None:
     saved = json.loads(COMMITTED.read_text())
     path = tmp_path / "report.json"
@@ -233,6 +235,7 @@ def test_the_per_gpu_rate_comes_from_a_gpu_run_first_else_the_published_resnet50
 NODE_ARGS = ["--gpu-rate", "3000", "--gpus", "4", "--cores", "16"]
 
 
+@pytest.mark.slow
 def test_gpu_rate_on_the_renderer_redraws_the_table_without_measuring(tmp_path: Path) -> None:
     """`make report ARGS="--gpu-rate 3000 --gpus 4 --cores 16"`: the committed report.json drawn
     for another GPU and node; report.json is left as it was; a count of 0 is refused."""

@@ -84,6 +84,7 @@ def make_old(path: Path, days: float = 40) -> None:
         os.utime(inner, (when, when), follow_symlinks=False)
 
 
+@pytest.mark.slow
 def test_clean_up_removes_only_what_the_loader_made_and_follows_no_link(
     tiny_root: Path, tmp_path: Path
 ) -> None:

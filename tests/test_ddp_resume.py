@@ -13,8 +13,14 @@ import psutil
 import pytest
 import torch
 
-from tests.conftest import run_dirs, run_entry
-from tests.test_distributed import finish, start_torchrun, torchrun
+from tests.conftest import (
+    finish,
+    reference_checkpoints,
+    run_dirs,
+    run_entry,
+    start_torchrun,
+    torchrun,
+)
 
 # One xdist worker runs the module: its uninterrupted 2-rank runs (a module fixture) are
 # made once, not per worker.
@@ -39,17 +45,11 @@ STEPS = 5
 @pytest.fixture(scope="module")
 def uninterrupted(small_root: Path, tmp_path_factory: pytest.TempPathFactory):
     """The checkpoint of the uninterrupted 2-rank run, per extra override (made once each)."""
-    made: dict[tuple[str, ...], dict] = {}
 
-    def get(*extra: str) -> dict:
-        if extra not in made:
-            cwd = tmp_path_factory.mktemp("whole")
-            torchrun(*RECIPE, f"dataset.root={small_root}", *extra, cwd=cwd)
-            (run_dir,) = run_dirs(cwd, "train")
-            made[extra] = torch.load(run_dir / "checkpoint.pt", weights_only=True)
-        return made[extra]
+    def launch(*extra: str, cwd: Path) -> None:
+        torchrun(*RECIPE, f"dataset.root={small_root}", *extra, cwd=cwd)
 
-    return get
+    return reference_checkpoints(tmp_path_factory, launch)
 
 
 def send_to_ranks(agent: psutil.Process, signum: int) -> int:

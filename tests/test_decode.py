@@ -297,6 +297,7 @@ print("CHOSEN", decode.backend("cpu"))  # chosen once per process
 """
 
 
+@pytest.mark.slow
 def test_without_nvimgcodec_the_cpu_decodes_with_the_next_backend_saying_why_once() -> None:
     done = subprocess.run(
         [sys.executable, "-c", CHOICE_WITHOUT_NVIMGCODEC],

@@ -10,7 +10,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 import torch
 from PIL import Image
@@ -26,6 +25,7 @@ from tests.conftest import (
     run_entry,
     single_run,
 )
+from tests.helpers import photo
 
 CPU = torch.device("cpu")
 HAS_CUDA = torch.cuda.is_available()
@@ -40,11 +40,7 @@ READERS = [
 ]
 
 
-def _photo(seed: int, size: tuple[int, int] = (64, 48)) -> Image.Image:
-    rng = np.random.default_rng(seed)
-    yy, xx = np.mgrid[0 : size[1], 0 : size[0]]
-    base = np.stack([(xx * 4) % 256, (yy * 5) % 256, (xx + yy) % 256], axis=-1)
-    return Image.fromarray(np.clip(base + rng.integers(-20, 20, base.shape), 0, 255).astype("u1"))
+SMALL = (64, 48)  # the test images' width and height
 
 
 @pytest.fixture(scope="module")
@@ -55,11 +51,11 @@ def mixed_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
         folder = root / split / "n00000001"
         folder.mkdir(parents=True)
         for i in range(PLAIN):
-            _photo(i).save(folder / f"plain_{i}.JPEG", quality=90)
-        _photo(10).save(folder / "png_named.JPEG", format="PNG")
-        _photo(11).convert("CMYK").save(folder / "cmyk.JPEG", quality=90)
+            photo(i, SMALL).save(folder / f"plain_{i}.JPEG", quality=90)
+        photo(10, SMALL).save(folder / "png_named.JPEG", format="PNG")
+        photo(11, SMALL).convert("CMYK").save(folder / "cmyk.JPEG", quality=90)
         buffer = io.BytesIO()
-        _photo(12).save(buffer, format="JPEG", quality=90)
+        photo(12, SMALL).save(buffer, format="JPEG", quality=90)
         (folder / "truncated.JPEG").write_bytes(buffer.getvalue()[: len(buffer.getvalue()) // 3])
         (folder / "text.JPEG").write_text("not an image\n")
     return root
@@ -138,7 +134,7 @@ def test_a_fallback_over_one_percent_is_a_warning_naming_the_library() -> None:
 
 
 def test_counts_stay_in_their_scope() -> None:
-    data = torch.frombuffer(bytearray(_jpeg(_photo(0))), dtype=torch.uint8)
+    data = torch.frombuffer(bytearray(_jpeg(photo(0, SMALL))), dtype=torch.uint8)
     decode.decode_cpu(data)  # outside any scope: counted nowhere, no error
     with decoded_by.counting() as outer:
         with decoded_by.counting() as inner:
@@ -149,6 +145,7 @@ def test_counts_stay_in_their_scope() -> None:
     assert outer == inner
 
 
+@pytest.mark.slow
 def test_eval_reports_decoded_by_and_warns_of_the_fallback(
     mixed_root: Path, tmp_path: Path
 ) -> None:
@@ -227,7 +224,7 @@ def test_a_region_decode_that_comes_back_empty_fails_the_probe(
     refusing = RegionRefusing()
     refusing.load()
     # Its region decodes fall back to Pillow: the right shape, so only the count tells.
-    data = torch.frombuffer(bytearray(_jpeg(_photo(1))), dtype=torch.uint8)
+    data = torch.frombuffer(bytearray(_jpeg(photo(1, SMALL))), dtype=torch.uint8)
     with decoded_by.counting() as counts:
         images = refusing.decode([data, data], CPU, [None, (8, 8, 16, 16)])
     assert [tuple(i.shape) for i in images] == [(3, 48, 64), (3, 16, 16)]
@@ -248,7 +245,7 @@ def test_nvjpeg_decodes_regions_of_subsampled_jpegs_itself() -> None:
     device = torch.device("cuda", torch.cuda.current_device())
     assert decode.backend(device) == "nvimgcodec"
     for subsampling in (2, 1):  # 4:2:0, 4:2:2
-        data = torch.frombuffer(bytearray(_jpeg(_photo(2), subsampling)), dtype=torch.uint8)
+        data = torch.frombuffer(bytearray(_jpeg(photo(2, SMALL), subsampling)), dtype=torch.uint8)
         with decoded_by.counting() as counts:
             (image,) = decode.decode_batch([data], device, [(8, 8, 16, 24)])
         assert not isinstance(image, BaseException) and tuple(image.shape) == (3, 16, 24)

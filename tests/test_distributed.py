@@ -4,14 +4,12 @@ loader's own shares (disjoint, covering the epoch) are the loader contract's
 
 from __future__ import annotations
 
-import contextlib
 import os
 import socket
 import subprocess
 import sys
 from pathlib import Path
 
-import psutil
 import pytest
 import torch
 
@@ -19,12 +17,14 @@ from loaderbench.loaders import loader_names
 from loaderbench.loaders.base import shard_indices
 from tests.conftest import (
     REPO,
+    finish,
     folder_index,
     loader_folder_overrides,
     read_metrics,
     run_dirs,
     run_entry,
     single_run,
+    torchrun,
 )
 
 
@@ -35,64 +35,6 @@ def test_shard_indices_cover_the_epoch_once() -> None:
     train = [shard_indices(order, 8, True, r, 3) for r in range(3)]
     assert {len(t) for t in train} == {32}  # equal full batches on every rank
     assert len(set(torch.cat(train).tolist())) == 96
-
-
-def start_torchrun(
-    *args: str,
-    cwd: Path,
-    nproc: int = 2,
-    script: Path = REPO / "train.py",
-    launcher: str = "torch.distributed.run",
-) -> subprocess.Popen:
-    """train.py (or ``script``) under torchrun (or ``launcher``, a module taking torchrun's
-    arguments), ``nproc`` processes on this machine; output on ``stdout``, as it comes."""
-    env = {
-        **os.environ,
-        "WANDB_MODE": "offline",
-        "OMP_NUM_THREADS": "1",
-        "PYTHONUNBUFFERED": "1",
-    }
-    return subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            launcher,
-            "--standalone",
-            f"--nproc_per_node={nproc}",
-            str(script),
-            *args,
-        ],
-        cwd=cwd,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-
-
-def finish(proc: subprocess.Popen, timeout: float) -> str:
-    """Its output once it ends; killed whole (agent and ranks) if it runs past ``timeout``."""
-    try:
-        output, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        agent = psutil.Process(proc.pid)
-        for process in [*agent.children(recursive=True), agent]:  # ranks have own sessions
-            with contextlib.suppress(psutil.NoSuchProcess):
-                process.kill()
-        output, _ = proc.communicate()
-        raise AssertionError(f"still running after {timeout:.0f} s:\n{output[-4000:]}") from None
-    return output
-
-
-def torchrun(
-    *args: str, cwd: Path, check: bool = True, timeout: float = 900, nproc: int = 2
-) -> subprocess.CompletedProcess:
-    """train.py under torchrun, two processes on this machine."""
-    proc = start_torchrun(*args, cwd=cwd, nproc=nproc)
-    output = finish(proc, timeout)
-    if check:
-        assert proc.returncode == 0, output[-6000:]
-    return subprocess.CompletedProcess(proc.args, proc.returncode, output, "")
 
 
 @pytest.mark.slow

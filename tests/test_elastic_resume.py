@@ -29,8 +29,15 @@ from loaderbench.loaders import loader_names
 from loaderbench.loaders.base import epoch_permutation, shard_indices, training_places
 from loaderbench.synthetic import SyntheticSpec, ensure_synthetic
 from loaderbench.validation import ConfigError, per_rank_batch
-from tests.conftest import loader_folder_overrides, read_metrics, run_dirs, run_entry
-from tests.test_distributed import finish, start_torchrun, torchrun
+from tests.conftest import (
+    finish,
+    loader_folder_overrides,
+    read_metrics,
+    run_dirs,
+    run_entry,
+    start_torchrun,
+    torchrun,
+)
 
 # 44 train images, a global batch of 8 (2 ranks x 4, or 1 x 8): 5 steps an epoch, and the 4
 # images past the last whole global batch are left out of every epoch, at any rank count.

@@ -86,6 +86,7 @@ def audited_python(code: str, shim: Path, folder: Path) -> None:
     subprocess.run([sys.executable, "-c", code], env=env, cwd=REPO, check=True, timeout=60)
 
 
+@pytest.mark.slow
 def test_ordinary_queues_pipes_and_processes_are_not_reported(shim: Path, tmp_path: Path) -> None:
     audited_python(ORDINARY, shim, tmp_path / "audit")
     audited, text = fd_audit.findings(tmp_path / "audit")
@@ -93,6 +94,7 @@ def test_ordinary_queues_pipes_and_processes_are_not_reported(shim: Path, tmp_pa
     assert text == ""
 
 
+@pytest.mark.slow
 def test_a_double_close_and_a_taken_descriptor_name_their_culprits(
     shim: Path, tmp_path: Path
 ) -> None:
@@ -111,6 +113,7 @@ def test_a_double_close_and_a_taken_descriptor_name_their_culprits(
     assert "<string>:12 in close_twice" in text[first:], text
 
 
+@pytest.mark.slow
 def test_without_the_shim_install_does_nothing(tmp_path: Path) -> None:
     folder = tmp_path / "audit"
     folder.mkdir()

@@ -36,6 +36,7 @@ def run_check(out: Path, *args: str, timeout: float) -> subprocess.CompletedProc
     )
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal where there is no GPU")
 def test_without_cuda_it_says_so_and_fails(tmp_path: Path) -> None:
     proc = run_check(tmp_path / "out", timeout=120)
@@ -121,6 +122,7 @@ def projected_rows(stdout: str) -> list[list[str]]:
     ]
 
 
+@pytest.mark.slow
 def test_the_plan_projects_the_gpu_runs_most_valuable_first_within_the_budget() -> None:
     """``--plan`` (and the dry run, in its projection phase) prints the GPU plan's projected
     time, a row a phase and multirun in the order they run: env.json at once, then the runs
@@ -232,6 +234,7 @@ def kit_specs() -> list[str]:
     return proc.stdout.split()
 
 
+@pytest.mark.slow
 def test_the_kit_carries_nvimagecodec_and_the_nvjpeg_it_loads() -> None:
     specs = kit_specs()
     names = [spec.split("==")[0] for spec in specs]
@@ -251,6 +254,7 @@ def fake_kit(folder: Path, specs: list[str], size: int) -> None:
             file.truncate(size)
 
 
+@pytest.mark.slow
 def test_check_names_every_missing_wheel(tmp_path: Path) -> None:
     proc = kit("--check", KIT_DIR=tmp_path / "empty")
     assert proc.returncode == 1
@@ -259,6 +263,7 @@ def test_check_names_every_missing_wheel(tmp_path: Path) -> None:
     assert "make gpu-kit" in proc.stderr
 
 
+@pytest.mark.slow
 def test_check_holds_the_kit_and_what_travels_with_it_to_their_limits(tmp_path: Path) -> None:
     specs = kit_specs()
     folder = tmp_path / "kit"

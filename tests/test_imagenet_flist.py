@@ -19,6 +19,7 @@ from loaderbench.data import DatasetError, DatasetIndex, discover, parse_wnid
 from loaderbench.loaders import build_loader, loader_names
 from tests.conftest import (
     cpu_spec,
+    folder_index,
     loader_folders,
     rewrite_in_place,
     run_entry,
@@ -41,12 +42,6 @@ def write_file_lists(root: Path, out: Path) -> tuple[Path, Path]:
         path.write_text("\n".join(lines) + "\n\n")  # a trailing blank line is fine
         lists.append(path)
     return lists[0], lists[1]
-
-
-def folder_index(root: Path) -> DatasetIndex:
-    cfg = OmegaConf.structured(DatasetConfig(index_dir=None))
-    cfg.name, cfg.root = "folder", str(root)
-    return discover(cfg)
 
 
 def flist_index(root: Path, train_list: Path, val_list: Path) -> DatasetIndex:

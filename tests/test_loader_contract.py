@@ -29,6 +29,7 @@ from typing import Any
 import psutil
 import pytest
 import torch
+from tqdm.std import TMonitor
 
 from loaderbench.data import Split
 from loaderbench.images import load_rgb
@@ -284,7 +285,13 @@ def test_an_epoch_leaves_the_global_rng_alone(variant, contract_root: Path, fold
 
 
 def own_threads() -> set[threading.Thread]:
-    return {thread for thread in threading.enumerate() if thread.is_alive()}
+    """The live threads, but tqdm's monitor: one a process, started by the process's first
+    progress bar (the memmap cache build's) and kept, whichever test made that bar first."""
+    return {
+        thread
+        for thread in threading.enumerate()
+        if thread.is_alive() and not isinstance(thread, TMonitor)
+    }
 
 
 def own_children() -> set[int]:

@@ -66,6 +66,7 @@ print("busy" if held is None else "taken while another process holds it")
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("setting", "refusal"),
     [

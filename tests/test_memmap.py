@@ -11,11 +11,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from omegaconf import OmegaConf
 
 from loaderbench import batch_resize
-from loaderbench.config import DatasetConfig
-from loaderbench.data import DatasetIndex, Split, discover
+from loaderbench.data import Split
 from loaderbench.loaders import build_loader
 from loaderbench.loaders.memmap.loader import MemmapLoader
 from loaderbench.transforms import (
@@ -25,15 +23,9 @@ from loaderbench.transforms import (
     resized_crop_images,
     seeded_crops,
 )
-from tests.conftest import cpu_spec, read_metrics, run_dirs, run_entry, single_run
+from tests.conftest import cpu_spec, folder_index, read_metrics, run_dirs, run_entry, single_run
 
 SIZE = 32  # model input size in these tests; train images are stored with a long side of 48
-
-
-def index_of(root: Path) -> DatasetIndex:
-    cfg = OmegaConf.structured(DatasetConfig(index_dir=None))
-    cfg.name, cfg.root = "folder", str(root)
-    return discover(cfg)
 
 
 def make_loader(split: Split, cache_dir: Path, train: bool, **kwargs: object) -> MemmapLoader:
@@ -57,7 +49,7 @@ def reader_threads() -> list[threading.Thread]:
 def test_train_epochs_drop_last_reshuffle_and_replay_from_the_seed(
     tiny_root: Path, tmp_path: Path
 ) -> None:
-    index = index_of(tiny_root)
+    index = folder_index(tiny_root)
     loader = make_loader(index.train, tmp_path, train=True)
     try:
         epochs = []
@@ -93,7 +85,7 @@ def test_train_epochs_drop_last_reshuffle_and_replay_from_the_seed(
 def test_augmentation_boxes_differ_per_image_and_epoch_stay_in_stored_bounds(
     tiny_root: Path, tmp_path: Path
 ) -> None:
-    index = index_of(tiny_root)
+    index = folder_index(tiny_root)
     loader = make_loader(index.train, tmp_path, train=True)
     loader.close()
     heights, widths = loader.cache.data.heights.long(), loader.cache.data.widths.long()
@@ -217,7 +209,7 @@ def test_a_raw_train_batch_is_each_stored_images_reference_crop(
 ) -> None:
     """The loader's batches (boxes cut from the memory map in the reading threads) against
     the reference crop of each stored row, with the boxes and flips drawn for the image."""
-    index = index_of(tiny_root)
+    index = folder_index(tiny_root)
     loader = make_loader(index.train, tmp_path, train=True, batch_size=7)
     try:
         loader.set_epoch(3)
@@ -257,7 +249,7 @@ def test_the_deferred_crop_path_gets_the_same_boxes_and_flips(
     """On CUDA the crop is deferred until the batch is on the device. Forced here on the CPU,
     where the same batched resize runs (``device_resize``), that path must give the reading
     threads' batches within the 1 grey level its float weights round apart."""
-    index = index_of(tiny_root)
+    index = folder_index(tiny_root)
     in_threads = make_loader(index.train, tmp_path, train=True)
     deferred = make_loader(index.train, tmp_path, train=True)
     deferred._crop_on_device = True
@@ -271,7 +263,7 @@ def test_the_jpeg_store_decoded_as_one_batch_gives_the_threads_batches(
     """On CUDA a jpeg batch is decoded by one batched call where it goes (nvJPEG). Forced here
     on the CPU, where the same batched call runs libjpeg-turbo, that path must give exactly the
     reading threads' batches."""
-    index = index_of(tiny_root)
+    index = folder_index(tiny_root)
     split = index.train if train else index.val
     stores = {"store": "jpeg", "val_store": "jpeg"}
     in_threads = make_loader(split, tmp_path, train=train, **stores)
@@ -282,7 +274,7 @@ def test_the_jpeg_store_decoded_as_one_batch_gives_the_threads_batches(
 
 def test_held_batches_are_never_overwritten(tiny_root: Path, tmp_path: Path) -> None:
     """Output buffers are reused, but only once nothing refers to them."""
-    index = index_of(tiny_root)
+    index = folder_index(tiny_root)
     loader = make_loader(index.val, tmp_path, train=False, batch_size=2, prefetch=1)
     try:
         first = [b.images[:1] for b in loader]  # views keep their buffers busy
@@ -300,7 +292,7 @@ def test_the_reading_threads_serve_the_whole_run_and_none_outlives_close(
 ) -> None:
     """One pool of reading threads for the run: the same threads read every epoch, an
     abandoned iterator leaves no batch being read, and ``close`` ends them."""
-    index = index_of(tiny_root)
+    index = folder_index(tiny_root)
     loader = make_loader(index.train, tmp_path, train=True, num_workers=2, batch_size=2)
     iterator = iter(loader)
     next(iterator)
@@ -382,7 +374,7 @@ def test_batches_read_ahead_into_the_next_epoch_are_that_epochs_and_only_served_
     ``queued_at_start`` says so); that epoch, from its start, serves exactly what a loader
     that never reads ahead serves; a resumed epoch (another start) or another epoch drops
     them and serves its own."""
-    index = index_of(tiny_root)
+    index = folder_index(tiny_root)
     options = {"train": True, "num_workers": 2, "batch_size": 2, "prefetch": 3}
     plain = make_loader(index.train, tmp_path, **options)
     ahead = make_loader(index.train, tmp_path, **options)
@@ -417,7 +409,7 @@ def test_a_stored_jpeg_that_does_not_decode_is_named_with_its_source_file(
 ) -> None:
     """The build admitted and encoded every stored JPEG, so one that fails now is a damaged
     cache: the error names the cache, the stored image and the file it came from."""
-    index = index_of(tiny_root)
+    index = folder_index(tiny_root)
     loader = make_loader(index.train, tmp_path, train=True, store="jpeg", num_workers=0)
     try:
         decoded = [torch.zeros(3, 4, 4, dtype=torch.uint8), OSError("broken data")]

@@ -27,8 +27,8 @@ from loaderbench.loaders.memmap.cache import COMPLETE_FILE, cache_name, ensure_c
 from loaderbench.loaders.memmap.store_raw import ImageCache
 from loaderbench.locking import FileLock
 from loaderbench.transforms import pil_val_transform
-from tests.conftest import REPO
-from tests.test_memmap import SIZE, index_of, make_loader
+from tests.conftest import REPO, folder_index
+from tests.test_memmap import SIZE, make_loader
 
 
 def digest(cache: ImageCache) -> str:
@@ -64,7 +64,7 @@ for path in sys.argv[1:]:
 def test_cache_is_real_files_and_reopens_identically_in_a_fresh_process(
     tiny_root: Path, tmp_path: Path
 ) -> None:
-    index = index_of(tiny_root)
+    index = folder_index(tiny_root)
     caches = []
     for split, train in ((index.val, False), (index.train, True)):
         loader = make_loader(split, tmp_path, train)
@@ -96,7 +96,7 @@ def test_cache_is_real_files_and_reopens_identically_in_a_fresh_process(
 def test_val_images_are_bit_identical_to_the_torchvision_val_pipeline(
     tiny_root: Path, tmp_path: Path
 ) -> None:
-    index = index_of(tiny_root)
+    index = folder_index(tiny_root)
     loader = make_loader(index.val, tmp_path, train=False)
     try:
         batches = list(loader)
@@ -114,7 +114,7 @@ def test_val_images_are_bit_identical_to_the_torchvision_val_pipeline(
 
 
 def test_train_images_are_stored_whole_with_aspect_kept(tiny_root: Path, tmp_path: Path) -> None:
-    index = index_of(tiny_root)
+    index = folder_index(tiny_root)
     loader = make_loader(index.train, tmp_path, train=True)
     loader.close()
     data = loader.cache.data
@@ -153,7 +153,7 @@ def test_the_jpeg_store_round_trips_within_jpeg_error_at_a_fraction_of_the_bytes
     from loaderbench.loaders.memmap.cache import STORES
     from loaderbench.loaders.memmap.store_jpeg import JpegCache
 
-    index = index_of(tiny_root)
+    index = folder_index(tiny_root)
     for split, train in ((index.val, False), (index.train, True)):
         raw = make_loader(split, tmp_path, train=train, image_size=64)
         jpeg = make_loader(
@@ -176,7 +176,7 @@ def test_the_jpeg_store_round_trips_within_jpeg_error_at_a_fraction_of_the_bytes
 
 
 def test_val_stays_raw_unless_asked(tiny_root: Path, tmp_path: Path) -> None:
-    index = index_of(tiny_root)
+    index = folder_index(tiny_root)
     with make_loader(index.val, tmp_path, train=False, store="jpeg") as val:
         assert val.stats()["cache_store"] == "raw"
         images = torch.cat([b.images for b in val])
@@ -187,7 +187,7 @@ def test_val_stays_raw_unless_asked(tiny_root: Path, tmp_path: Path) -> None:
 def test_jpeg_train_batches_are_the_raw_ones_within_jpeg_error(
     tiny_root: Path, tmp_path: Path
 ) -> None:
-    index = index_of(tiny_root)
+    index = folder_index(tiny_root)
     batches = {}
     for store in ("raw", "jpeg"):
         with make_loader(index.train, tmp_path, train=True, store=store) as loader:
@@ -201,7 +201,7 @@ def test_jpeg_train_batches_are_the_raw_ones_within_jpeg_error(
 def test_a_changed_dataset_or_setting_gets_a_new_cache(tiny_root: Path, tmp_path: Path) -> None:
     root = copy_tree(tiny_root, tmp_path / "data")
     cache_dir = tmp_path / "cache"
-    before = index_of(root)
+    before = folder_index(root)
     first = make_loader(before.val, cache_dir, train=False)
     first.close()
 
@@ -218,7 +218,7 @@ def test_a_changed_dataset_or_setting_gets_a_new_cache(tiny_root: Path, tmp_path
     victim, donor = before.val.paths[0], before.val.paths[-1]
     shutil.copyfile(donor, victim)
     os.utime(victim, ns=(time.time_ns(), time.time_ns() + 10**9))
-    after = index_of(root)
+    after = folder_index(root)
     second = make_loader(after.val, cache_dir, train=False)
     try:
         assert second.cache.built and second.cache.path != first.cache.path
@@ -231,10 +231,10 @@ def test_a_changed_dataset_or_setting_gets_a_new_cache(tiny_root: Path, tmp_path
 
 def test_unreadable_files_are_skipped_recorded_and_counted(tiny_root: Path, tmp_path: Path) -> None:
     root = copy_tree(tiny_root, tmp_path / "data")
-    index = index_of(root)
+    index = folder_index(root)
     broken = index.val.paths[3]
     Path(broken).write_bytes(b"not a jpeg at all")
-    index = index_of(root)
+    index = folder_index(root)
 
     loader = make_loader(index.val, tmp_path / "cache", train=False)
     try:
@@ -263,7 +263,7 @@ def test_unreadable_files_are_skipped_recorded_and_counted(tiny_root: Path, tmp_
 
 
 def test_an_incomplete_cache_folder_is_never_read(tiny_root: Path, tmp_path: Path) -> None:
-    index = index_of(tiny_root)
+    index = folder_index(tiny_root)
     policy = StorePolicy.for_split(False, SIZE, 1.5)
     built = ensure_cache(
         index.val, policy, tmp_path, num_workers=0, skip_errors=True, progress=False
@@ -280,7 +280,7 @@ def test_an_incomplete_cache_folder_is_never_read(tiny_root: Path, tmp_path: Pat
 def test_a_full_disk_is_refused_up_front_naming_the_folder(
     tiny_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    index = index_of(tiny_root)
+    index = folder_index(tiny_root)
     usage = shutil.disk_usage(tmp_path)
     monkeypatch.setattr(shutil, "disk_usage", lambda _: usage._replace(free=1000))
     with pytest.raises(CacheError, match=r"needs 0\.0 GB but .* has 0\.0 GB free") as error:
@@ -347,7 +347,7 @@ def test_a_killed_build_is_not_used_and_the_next_run_rebuilds(
         proc.wait()
     assert proc.returncode == -signal.SIGKILL
 
-    index = index_of(tiny_root)
+    index = folder_index(tiny_root)
     policy = StorePolicy.for_split(False, SIZE, 1.5, codec=codec)
     name = cache_name(index.val, policy)
     assert not (cache_dir / name).exists()

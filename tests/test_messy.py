@@ -24,15 +24,11 @@ from tests.conftest import (
     run_entry,
     single_run,
 )
+from tests.helpers import photo
 
 pytestmark = pytest.mark.slow
 
 LOADERS = loader_names()
-
-
-def _photo(seed: int, size: tuple[int, int] = (120, 90)) -> Image.Image:
-    rng = np.random.default_rng(seed)
-    return Image.fromarray(rng.integers(0, 255, (size[1], size[0], 3), dtype=np.uint8))
 
 
 # Valid but unusual files: each must load, with the same pixels in every loader.
@@ -63,7 +59,7 @@ def plain_tree(root: Path) -> Path:
             folder = root / split / name
             folder.mkdir(parents=True)
             for i in range(4):
-                _photo(100 * c + i).save(folder / f"ok_{i}.JPEG", quality=90)
+                photo(100 * c + i).save(folder / f"ok_{i}.JPEG", quality=90)
     return root
 
 
@@ -72,18 +68,18 @@ def messy_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """2 classes; val holds 8 plain JPEGs, the odd files and the broken ones."""
     root = plain_tree(tmp_path_factory.mktemp("messy"))
     val = root / "val" / "n00000001"
-    _photo(1).convert("L").save(val / "gray.JPEG", quality=90)
-    _photo(2).convert("CMYK").save(val / "cmyk.JPEG", quality=90)
-    _photo(3).save(val / "png_named.JPEG", format="PNG")
-    _photo(7).save(val / "webp_named.JPEG", format="WEBP", lossless=True)
-    _photo(4).convert("RGBA").save(val / "rgba.png")
-    _photo(5).convert("P").save(val / "palette.png")
+    photo(1).convert("L").save(val / "gray.JPEG", quality=90)
+    photo(2).convert("CMYK").save(val / "cmyk.JPEG", quality=90)
+    photo(3).save(val / "png_named.JPEG", format="PNG")
+    photo(7).save(val / "webp_named.JPEG", format="WEBP", lossless=True)
+    photo(4).convert("RGBA").save(val / "rgba.png")
+    photo(5).convert("P").save(val / "palette.png")
     Image.fromarray(gradient16()).save(val / "gray16.png")  # mode I;16
     exif = Image.Exif()
     exif[EXIF_ORIENTATION] = 6  # "rotate 90 clockwise to display"
-    _photo(8).save(val / "exif_rotated.JPEG", quality=90, exif=exif)
+    photo(8).save(val / "exif_rotated.JPEG", quality=90, exif=exif)
     buffer = io.BytesIO()
-    _photo(6).save(buffer, format="JPEG", quality=90)
+    photo(6).save(buffer, format="JPEG", quality=90)
     (val / "truncated.JPEG").write_bytes(buffer.getvalue()[: len(buffer.getvalue()) // 3])
     (val / "empty.JPEG").write_bytes(b"")
     (val / "text.JPEG").write_text("this is not an image\n")
@@ -180,7 +176,7 @@ def test_odd_images_give_the_same_pixels_in_every_loader(
     ramp = pil_val_transform(SIZE)(Image.fromarray((gradient16() >> 8).astype(np.uint8)))
     assert (by_name["gray16.png"].int() - ramp.int()).abs().max() <= 1
     # EXIF orientation is not applied: the stored pixels, as torchvision's ImageFolder sees them.
-    raw = pil_val_transform(SIZE)(_photo(8))
-    rotated = pil_val_transform(SIZE)(_photo(8).transpose(Image.Transpose.ROTATE_270))
+    raw = pil_val_transform(SIZE)(photo(8))
+    rotated = pil_val_transform(SIZE)(photo(8).transpose(Image.Transpose.ROTATE_270))
     got = by_name["exif_rotated.JPEG"].float()
     assert (got - raw.float()).abs().mean() < (got - rotated.float()).abs().mean() / 3

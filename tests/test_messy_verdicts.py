@@ -22,7 +22,8 @@ from loaderbench.images import ImageTooLarge, fast_jpeg, load_rgb
 from loaderbench.loaders import build_loader
 from loaderbench.loaders.spdl.decoders import Sample, is_encoded, open_file
 from tests.conftest import READERS, cpu_spec, folder_index, loader_folders
-from tests.test_messy import SIZE, _photo, gradient16, plain_tree
+from tests.helpers import photo
+from tests.test_messy import SIZE, gradient16, plain_tree
 
 pytestmark = pytest.mark.slow
 
@@ -68,9 +69,9 @@ def damaged_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
     root = plain_tree(tmp_path_factory.mktemp("damaged"))
     val = root / "val" / "n00000001"
-    (val / "ycck.JPEG").write_bytes(as_ycck(_jpeg_bytes(_photo(11).convert("CMYK"))))
-    (val / "cmyk.JPEG").write_bytes(_jpeg_bytes(_photo(12).convert("CMYK")))
-    good = _jpeg_bytes(_photo(13))
+    (val / "ycck.JPEG").write_bytes(as_ycck(_jpeg_bytes(photo(11).convert("CMYK"))))
+    (val / "cmyk.JPEG").write_bytes(_jpeg_bytes(photo(12).convert("CMYK")))
+    good = _jpeg_bytes(photo(13))
     files = {
         "extraneous.JPEG": _insert_before(good, b"\xff\xda", b"\x12\x34\x56"),
         "extraneous_eoi.JPEG": _insert_before(good, b"\xff\xd9", b"\x12\x34\x56", last=True),
@@ -171,7 +172,7 @@ def test_the_damaged_files_are_what_they_say(damaged_root: Path) -> None:
 
     val = damaged_root / "val" / "n00000001"
     ycck = np.asarray(Image.open(val / "ycck.JPEG").convert("RGB"), dtype=np.float32)
-    as_cmyk = np.asarray(_photo(11).convert("CMYK").convert("RGB"), dtype=np.float32)
+    as_cmyk = np.asarray(photo(11).convert("CMYK").convert("RGB"), dtype=np.float32)
     assert np.abs(ycck - as_cmyk).mean() > 20
     for name, loads in DAMAGED.items():
         try:
@@ -258,15 +259,15 @@ def test_memmap_builds_skip_exactly_what_torchvision_skips(
 
     root = tmp_path / "data"
     (root / "val" / "n00000001").mkdir(parents=True)
-    _photo(9).save(root / "val" / "n00000001" / "ok.JPEG", quality=90)
+    photo(9).save(root / "val" / "n00000001" / "ok.JPEG", quality=90)
     folder = root / "train" / "n00000001"
     folder.mkdir(parents=True)
     for i in range(3):
-        _photo(i, (400, 300)).save(folder / f"ok_{i}.JPEG", quality=90)
-    _photo(3).save(folder / "png_named.JPEG", format="PNG")
+        photo(i, (400, 300)).save(folder / f"ok_{i}.JPEG", quality=90)
+    photo(3).save(folder / "png_named.JPEG", format="PNG")
     Image.fromarray(gradient16()).save(folder / "gray16.png")
-    (folder / "ycck.JPEG").write_bytes(as_ycck(_jpeg_bytes(_photo(4, (400, 300)).convert("CMYK"))))
-    good = _jpeg_bytes(_photo(5, (400, 300)))
+    (folder / "ycck.JPEG").write_bytes(as_ycck(_jpeg_bytes(photo(4, (400, 300)).convert("CMYK"))))
+    good = _jpeg_bytes(photo(5, (400, 300)))
     (folder / "truncated.JPEG").write_bytes(good[: len(good) // 2])
     (folder / "text.JPEG").write_text("this is not an image\n")
     split = folder_index(root).train
@@ -327,23 +328,23 @@ FOREIGN_LOADS = {
 
 
 def foreign_files(seed: int) -> dict[str, bytes]:
-    photo = _photo(seed)
+    picture = photo(seed)
     over_limit = Image.new("L", (1200, 1000), 90)  # 1.2 Mpx, over MAX_PIXELS
-    jp2 = _encoded(photo, "JPEG2000")
+    jp2 = _encoded(picture, "JPEG2000")
     files = {
-        "pcx.JPEG": _encoded(photo, "PCX"),
-        "pcx_cut.JPEG": _encoded(photo, "PCX")[:-300],
-        "ico.JPEG": _encoded(photo, "ICO", sizes=[(64, 48)]),
+        "pcx.JPEG": _encoded(picture, "PCX"),
+        "pcx_cut.JPEG": _encoded(picture, "PCX")[:-300],
+        "ico.JPEG": _encoded(picture, "ICO", sizes=[(64, 48)]),
         "ico_holding_a_bomb.JPEG": _ico_holding(_encoded(over_limit, "PNG")),
-        "dds.JPEG": _encoded(photo, "DDS"),
-        "tiff_g4.JPEG": _encoded(photo.convert("1"), "TIFF", compression="group4"),
-        "tiff_jpeg.JPEG": _encoded(photo, "TIFF", compression="jpeg"),
-        "tga.JPEG": _encoded(photo, "TGA"),
-        "sgi_cut.JPEG": _encoded(photo, "SGI", rle=True)[:-2000],
+        "dds.JPEG": _encoded(picture, "DDS"),
+        "tiff_g4.JPEG": _encoded(picture.convert("1"), "TIFF", compression="group4"),
+        "tiff_jpeg.JPEG": _encoded(picture, "TIFF", compression="jpeg"),
+        "tga.JPEG": _encoded(picture, "TGA"),
+        "sgi_cut.JPEG": _encoded(picture, "SGI", rle=True)[:-2000],
         "jp2.JPEG": jp2,
         "jp2_cut.JPEG": jp2[: len(jp2) // 2],
-        "pdf.JPEG": _encoded(photo, "PDF"),
-        "tar.JPEG": _tar_holding("photo.jpg", _jpeg_bytes(photo)),
+        "pdf.JPEG": _encoded(picture, "PDF"),
+        "tar.JPEG": _tar_holding("picture.jpg", _jpeg_bytes(picture)),
         "hdf5.JPEG": b"\x89HDF\r\n\x1a\n" + bytes(200),  # its signature, then nothing
         "png_bomb.JPEG": _encoded(over_limit, "PNG"),
     }

@@ -142,6 +142,7 @@ def test_process_tree_counts_children_cpu_and_memory() -> None:
     assert monitor.peak_rss_bytes < own + 600 * 2**20  # the child's pages once, not per sample
 
 
+@pytest.mark.slow
 def test_process_tree_finds_grandchildren_as_psutils_scan_does() -> None:
     """The tree is read from each process's children files; a grandchild (a DataLoader worker
     of a worker, a decoder's helper) is in it, as in psutil's scan of every process."""

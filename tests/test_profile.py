@@ -32,6 +32,7 @@ def test_the_summary_counts_the_loader_threads_samples_by_self_and_total_time() 
     assert frame_name("f (/x/lib/python3.11/site-packages/torch/nn.py:3)") == "f (torch/nn.py)"
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_make_profile_samples_the_memmap_reading_threads_of_a_real_run(
     small_root: Path, tmp_path: Path
@@ -50,7 +51,7 @@ def test_make_profile_samples_the_memmap_reading_threads_of_a_real_run(
         "loader.num_workers=2",
         "loader.batch_size=8",
         "image_size=64",
-        "bench.epochs=40",
+        "bench.epochs=12",
         f"loader.cache_dir={tmp_path / 'cache'}",
     ]
     done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=280)

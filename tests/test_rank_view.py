@@ -13,8 +13,7 @@ import pytest
 
 from loaderbench import sweeps
 from loaderbench.metrics import rank_rows, straggler_note, summary_keys, with_epoch_ranks
-from tests.conftest import REPO, single_run
-from tests.test_distributed import finish, start_torchrun
+from tests.conftest import REPO, finish, single_run, start_torchrun
 
 
 def test_a_rank_waiting_markedly_more_is_named_with_what_differs() -> None:

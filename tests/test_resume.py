@@ -14,7 +14,13 @@ import pytest
 import torch
 
 from loaderbench.loaders import loader_names
-from tests.conftest import REPO, loader_folder_overrides, run_dirs, run_entry
+from tests.conftest import (
+    REPO,
+    loader_folder_overrides,
+    reference_checkpoints,
+    run_dirs,
+    run_entry,
+)
 from tests.wandb_offline import offline_runs
 
 # One xdist worker runs the module: its uninterrupted runs (a module fixture) are made once,
@@ -35,24 +41,12 @@ RECIPE = [
 def uninterrupted(small_root: Path, tmp_path_factory: pytest.TempPathFactory):
     """The checkpoint of RECIPE's uninterrupted run with a loader (made once a loader: the
     logger does not change what is trained)."""
-    made: dict[str, dict] = {}
 
-    def get(loader: str) -> dict:
-        if loader not in made:
-            cwd = tmp_path_factory.mktemp(f"whole-{loader}")
-            run_entry(
-                "train.py",
-                f"dataset.root={small_root}",
-                f"loader={loader}",
-                *RECIPE,
-                *loader_folder_overrides(loader, cwd),
-                cwd=cwd,
-            )
-            (run_dir,) = run_dirs(cwd, "train")
-            made[loader] = torch.load(run_dir / "checkpoint.pt", weights_only=True)
-        return made[loader]
+    def launch(loader: str, cwd: Path) -> None:
+        common = [f"dataset.root={small_root}", f"loader={loader}", *RECIPE]
+        run_entry("train.py", *common, *loader_folder_overrides(loader, cwd), cwd=cwd)
 
-    return get
+    return reference_checkpoints(tmp_path_factory, launch)
 
 
 # A subset on purpose: a resume at an epoch's end starts the loader's next epoch from its first

@@ -22,8 +22,15 @@ import torch
 from loaderbench.loaders import loader_names
 from loaderbench.loaders.base import epoch_permutation, shard_indices
 from loaderbench.synthetic import SyntheticSpec, ensure_synthetic
-from tests.conftest import REPO, folder_index, loader_folder_overrides, run_entry
-from tests.test_distributed import finish, start_torchrun, torchrun
+from tests.conftest import (
+    REPO,
+    finish,
+    folder_index,
+    loader_folder_overrides,
+    run_entry,
+    start_torchrun,
+    torchrun,
+)
 
 pytestmark = pytest.mark.slow
 

@@ -100,6 +100,7 @@ def test_overrides_that_are_not_a_list_name_their_file(tmp_path: Path) -> None:
         read_jobs(tmp_path / "sweep")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("without_yaml", [False, True], ids=["pyyaml", "no-pyyaml"])
 def test_the_gpu_report_is_written_without_torch_hydra_or_omegaconf(
     tmp_path: Path, without_yaml: bool

@@ -13,8 +13,7 @@ from loaderbench.loaders import loader_names
 from loaderbench.loaders.base import epoch_permutation, shard_indices
 from loaderbench.session import skipped_counts, skipped_over_ranks
 from loaderbench.synthetic import SyntheticSpec, ensure_synthetic
-from tests.conftest import folder_index, loader_folder_overrides, single_run
-from tests.test_distributed import torchrun
+from tests.conftest import folder_index, loader_folder_overrides, single_run, torchrun
 
 BAD_TRAIN, BAD_VAL = 5, 3  # the unreadable file of each split (its index)
 

@@ -13,8 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import REPO, run_entry
-from tests.test_distributed import torchrun
+from tests.conftest import REPO, run_entry, torchrun
 
 # One cluster (fixed ports) for the session: every SLURM test on the same xdist worker.
 pytestmark = [pytest.mark.slow, pytest.mark.slurm, pytest.mark.xdist_group("slurm")]

@@ -9,12 +9,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from omegaconf import OmegaConf
 from PIL import Image
 
 from loaderbench.buffers import BatchBuffers
-from loaderbench.config import DatasetConfig
-from loaderbench.data import DatasetIndex, Split, discover
+from loaderbench.data import Split
 from loaderbench.images import load_rgb
 from loaderbench.loaders import LoaderSpec, build_loader
 from loaderbench.loaders.base import epoch_permutation, shard_indices
@@ -23,7 +21,7 @@ from loaderbench.loaders.spdl.geometry import Geometry
 from loaderbench.loaders.spdl.loader import SpdlLoader, epoch_samples
 from loaderbench.loaders.spdl.records import Sample
 from loaderbench.transforms import pil_val_transform
-from tests.conftest import cpu_spec, run_entry, single_run
+from tests.conftest import cpu_spec, folder_index, read_metrics, run_dirs, run_entry, single_run
 
 # torchvision 0.29 deprecates its codecs (the decoders filter it; pytest resets the filters).
 pytestmark = pytest.mark.filterwarnings(
@@ -33,12 +31,6 @@ pytestmark = pytest.mark.filterwarnings(
 CPU_DECODERS = ("turbo", "ffmpeg")
 HAS_CUDA = torch.cuda.is_available()
 NO_CUDA_REASON = "nvjpeg decodes on the GPU and this machine has no CUDA device"
-
-
-def index_of(root: Path) -> DatasetIndex:
-    cfg = OmegaConf.structured(DatasetConfig(index_dir=None))
-    cfg.name, cfg.root = "folder", str(root)
-    return discover(cfg)
 
 
 def spec(split: Split, train: bool, decoder: str = "turbo", **kwargs) -> LoaderSpec:
@@ -87,7 +79,7 @@ def identify(images: torch.Tensor) -> list[int]:
 def test_epoch_yields_every_image_once_labels_intact_new_order(
     colour_root: Path, decoder: str
 ) -> None:
-    index = index_of(colour_root)
+    index = folder_index(colour_root)
     split = index.train
     colour_of_path = {p: int(Path(p).stem.split("_")[1]) for p in split.paths}
     loader = build_loader(spec(split, train=True, decoder=decoder, batch_size=4))
@@ -116,7 +108,7 @@ def test_epoch_yields_every_image_once_labels_intact_new_order(
 
 
 def test_val_keeps_the_split_order_and_the_short_last_batch(tiny_root: Path) -> None:
-    index = index_of(tiny_root)
+    index = folder_index(tiny_root)
     loader = build_loader(spec(index.val, train=False))
     try:
         batches = list(loader)
@@ -127,7 +119,7 @@ def test_val_keeps_the_split_order_and_the_short_last_batch(tiny_root: Path) -> 
 
 
 def test_epoch_samples_shard_the_epoch_like_every_loader(tiny_root: Path) -> None:
-    split = index_of(tiny_root).train
+    split = folder_index(tiny_root).train
     parts = [
         list(epoch_samples(spec(split, train=True, rank=r, world_size=2), epoch=1)) for r in (0, 1)
     ]
@@ -175,7 +167,7 @@ TOLERANCES = {
 
 
 def assert_matches_reference(root: Path, decoder: str, size: int, device: str = "cpu") -> None:
-    index = index_of(root)
+    index = folder_index(root)
     reference = pil_val_transform(size)
     expected = torch.stack([reference(load_rgb(p)) for p in index.val.paths])
     loader = build_loader(
@@ -206,7 +198,7 @@ def test_val_images_match_the_torchvision_reference(
 
 @pytest.mark.parametrize("decoder", CPU_DECODERS)
 def test_train_pipeline_is_reproducible(tiny_root: Path, decoder: str) -> None:
-    split = index_of(tiny_root).train
+    split = folder_index(tiny_root).train
 
     def first_epoch() -> torch.Tensor:
         loader = build_loader(spec(split, train=True, decoder=decoder))
@@ -247,7 +239,7 @@ BAD_FILES = {"zz_truncated.JPEG", "zz_empty.JPEG", "zz_text.JPEG"}
 @pytest.mark.parametrize("decoder", CPU_DECODERS)
 @pytest.mark.timeout(120)
 def test_unreadable_files_are_skipped_and_counted(damaged_root: Path, decoder: str) -> None:
-    index = index_of(damaged_root)
+    index = folder_index(damaged_root)
     loader = build_loader(spec(index.val, train=False, decoder=decoder))
     try:
         labels = torch.cat([b.labels for b in loader])
@@ -262,7 +254,7 @@ def test_unreadable_files_are_skipped_and_counted(damaged_root: Path, decoder: s
 @pytest.mark.parametrize("decoder", CPU_DECODERS)
 @pytest.mark.timeout(120)
 def test_unreadable_file_raises_naming_it(damaged_root: Path, decoder: str, bad: str) -> None:
-    index = index_of(damaged_root)
+    index = folder_index(damaged_root)
     keep = [i for i, p in enumerate(index.val.paths) if Path(p).name not in BAD_FILES - {bad}]
     split = Split(
         "val", tuple(index.val.paths[i] for i in keep), tuple(index.val.labels[i] for i in keep)
@@ -282,7 +274,7 @@ def test_unreadable_file_raises_naming_it(damaged_root: Path, decoder: str, bad:
 
 @pytest.mark.timeout(120)
 def test_no_thread_outlives_the_loader(tiny_root: Path) -> None:
-    index = index_of(tiny_root)
+    index = folder_index(tiny_root)
     before = spdl_threads()
     loader = build_loader(spec(index.train, train=True, num_workers=3))
     for epoch in range(2):
@@ -310,7 +302,7 @@ def test_no_thread_outlives_the_loader(tiny_root: Path) -> None:
 
 @pytest.mark.timeout(120)
 def test_a_pipeline_per_epoch_when_not_persistent(tiny_root: Path) -> None:
-    index = index_of(tiny_root)
+    index = folder_index(tiny_root)
     before = spdl_threads()
     loader = build_loader(spec(index.train, True, persistent=False))
     for epoch in range(2):
@@ -323,7 +315,7 @@ def test_a_pipeline_per_epoch_when_not_persistent(tiny_root: Path) -> None:
 @pytest.mark.timeout(120)
 def test_a_persistent_pipeline_serves_the_epoch_asked_for(colour_root: Path) -> None:
     """Reused across epochs, rebuilt when set_epoch jumps (resume) or repeats one."""
-    split = index_of(colour_root).train
+    split = folder_index(colour_root).train
     persistent = build_loader(spec(split, train=True, batch_size=4))
 
     def colours(loader, epoch: int) -> list[int]:
@@ -342,7 +334,7 @@ def test_a_persistent_pipeline_serves_the_epoch_asked_for(colour_root: Path) -> 
 
 
 def test_stats_report_spdl_stage_figures(tiny_root: Path) -> None:
-    loader = build_loader(spec(index_of(tiny_root).val, train=False))
+    loader = build_loader(spec(folder_index(tiny_root).val, train=False))
     for _ in loader:
         pass
     loader.close()
@@ -369,7 +361,7 @@ def test_stats_report_spdl_stage_figures(tiny_root: Path) -> None:
 def test_nvjpeg_without_cuda_fails_at_once_saying_so(tiny_root: Path) -> None:
     before = spdl_threads()
     with pytest.raises(RuntimeError, match="nvjpeg.*no CUDA device"):
-        build_loader(spec(index_of(tiny_root).val, train=False, decoder="nvjpeg"))
+        build_loader(spec(folder_index(tiny_root).val, train=False, decoder="nvjpeg"))
     assert spdl_threads() <= before
 
 
@@ -379,7 +371,7 @@ def test_nvjpeg_batch_logic_runs_off_the_gpu(
     """The batch path (batched decode, one-by-one retry on a bad file, non-JPEG fallback,
     plans, stacking) with the CPU's batched decoder standing in for nvJPEG."""
     monkeypatch.setattr(decoders, "require_cuda", lambda device, what: None)
-    index = index_of(damaged_root)
+    index = folder_index(damaged_root)
     # Whole, with a sound frame header, so handed to the batched decode, which fails on it:
     # a Huffman table whose code counts add up to far over 256.
     bogus = bytearray(Path(index.val.paths[0]).read_bytes())
@@ -414,7 +406,7 @@ def test_nvjpeg_batches_are_the_turbo_decoders_off_the_gpu(
     with the CPU's batched decoder standing in for nvJPEG, against the turbo decoder's
     per-image CPU path on the same samples: within 1 grey level, nearly all to the bit."""
     monkeypatch.setattr(decoders, "require_cuda", lambda device, what: None)
-    split = index_of(tiny_root).train if train else index_of(tiny_root).val
+    split = folder_index(tiny_root).train if train else folder_index(tiny_root).val
     geometry = Geometry(48, train=train, seed=5)
     cpu = torch.device("cpu")
     nvjpeg, turbo = decoders.NvjpegDecoder(geometry, cpu), decoders.TurboDecoder(geometry, cpu)
@@ -434,7 +426,7 @@ def test_nvjpeg_batches_are_the_turbo_decoders_off_the_gpu(
 @pytest.mark.skipif(not HAS_CUDA, reason=NO_CUDA_REASON)
 def test_nvjpeg_refuses_a_cpu_run(tiny_root: Path) -> None:
     with pytest.raises(RuntimeError, match="device=cuda"):
-        build_loader(spec(index_of(tiny_root).val, train=False, decoder="nvjpeg"))
+        build_loader(spec(folder_index(tiny_root).val, train=False, decoder="nvjpeg"))
 
 
 @pytest.mark.cuda
@@ -448,7 +440,7 @@ def test_nvjpeg_val_images_match_the_reference(tiny_root: Path, size: int) -> No
 @pytest.mark.skipif(not HAS_CUDA, reason=NO_CUDA_REASON)
 @pytest.mark.timeout(120)
 def test_nvjpeg_train_epoch_on_the_gpu_and_skips_damaged(damaged_root: Path) -> None:
-    index = index_of(damaged_root)
+    index = folder_index(damaged_root)
     loader = build_loader(
         spec(index.val, train=True, decoder="nvjpeg", device=torch.device("cuda"))
     )
@@ -463,7 +455,9 @@ def test_nvjpeg_train_epoch_on_the_gpu_and_skips_damaged(damaged_root: Path) -> 
 @pytest.mark.cuda
 @pytest.mark.skipif(not HAS_CUDA, reason=NO_CUDA_REASON)
 def test_cpu_decode_transfers_to_the_gpu(tiny_root: Path) -> None:
-    loader = build_loader(spec(index_of(tiny_root).val, train=False, device=torch.device("cuda")))
+    loader = build_loader(
+        spec(folder_index(tiny_root).val, train=False, device=torch.device("cuda"))
+    )
     try:
         batches = list(loader)
     finally:
@@ -477,24 +471,36 @@ def test_cpu_decode_transfers_to_the_gpu(tiny_root: Path) -> None:
 
 
 @pytest.mark.slow
-def test_train_py_trains_end_to_end_with_spdl(tiny_root: Path, tmp_path: Path) -> None:
+def test_train_py_trains_end_to_end_with_spdl(small_root: Path, tmp_path: Path) -> None:
+    """train.py with spdl: its validation's top1 is what eval.py gives on the checkpoint it
+    saved, with spdl exactly, and with torchvision's loader within one of the 40 val images
+    (turbo matches Pillow to a grey level). A count of other images, or of other labels, than
+    the checkpoint's own evaluation would differ."""
+    common = [f"dataset.root={small_root}", "device=cpu", "logger=none"]
+    train = tmp_path / "train"
+    train.mkdir()
     run_entry(
         "train.py",
-        f"dataset.root={tiny_root}",
+        *common,
         "loader=spdl",
-        "loader.batch_size=8",
+        "loader.batch_size=16",
         "epochs=1",
-        "logger=none",
         "model.name=test_resnet",
-        cwd=tmp_path,
+        cwd=train,
     )
-    run_dir, metrics = single_run(tmp_path, "train")
+    run_dir, metrics = single_run(train, "train")
     assert metrics["status"] == "ok" and metrics["loader"] == "spdl"
-    assert metrics["images"] == 24 and metrics["skipped_files"] == 0
-    assert 0.0 <= metrics["top1"] <= 1.0 and metrics["epochs"] == 1
+    assert metrics["images"] == 160 and metrics["skipped_files"] == 0
+    assert metrics["epochs"] == 1 and metrics["val_size"] == 40
     assert metrics["loader_train_spdl_decoder"] == "turbo"
     assert "loader_train_spdl_decode_occupancy" in metrics
-    assert (run_dir / "checkpoint.pt").is_file()
+    evaluate = tmp_path / "eval"
+    evaluate.mkdir()
+    checkpoint = f"checkpoint={run_dir / 'checkpoint.pt'}"
+    run_entry("eval.py", "--multirun", *common, checkpoint, "loader=spdl,torchvision", cwd=evaluate)
+    top1 = {read_metrics(d)["loader"]: read_metrics(d)["top1"] for d in run_dirs(evaluate, "eval")}
+    assert top1["spdl"] == metrics["top1"], (top1, metrics["top1"])
+    assert abs(top1["torchvision"] - metrics["top1"]) <= 1 / 40 + 1e-9, (top1, metrics["top1"])
 
 
 @pytest.mark.timeout(120)
@@ -504,7 +510,7 @@ def test_a_failing_stage_ends_the_epoch_with_its_cause(
     """Not a bad file (those are Failures) but the stage itself raising: the consumer gets the
     error, not an epoch quietly short of a batch, and the threads are gone."""
     before = spdl_threads()
-    loader = build_loader(spec(index_of(tiny_root).val, train=False))
+    loader = build_loader(spec(folder_index(tiny_root).val, train=False))
     real, calls = loader.decoder.decode_batch, []
 
     def fails_second(samples, buffers):

@@ -1,5 +1,6 @@
 """The suite's own machinery: `make test`'s xdist groups hold (the quick bench and the local
-SLURM cluster are module and session fixtures, built once only if their tests share a worker)."""
+SLURM cluster are module and session fixtures, built once only if their tests share a worker),
+and a test not marked slow cannot start a process (`make test-fast` stays fast)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from tests.conftest import ProcessInAFastTest
 
 pytest.importorskip("xdist", reason="make test runs pytest-xdist; this pytest has none")
 
@@ -41,6 +44,7 @@ def test_loose(i):
 """
 
 
+@pytest.mark.slow
 def test_a_group_runs_on_one_worker_and_its_module_fixture_is_built_once(tmp_path: Path) -> None:
     (tmp_path / "pytest.ini").write_text("[pytest]\n")  # its own root: none of our conftest
     (tmp_path / "test_grouped.py").write_text(GROUPED)
@@ -66,3 +70,18 @@ def test_a_group_runs_on_one_worker_and_its_module_fixture_is_built_once(tmp_pat
     workers = (tmp_path / "grouped.txt").read_text().split()
     assert len(workers) == 6 and len(set(workers)) == 1, workers
     assert (tmp_path / "setups.txt").read_text().split() == workers[:1]
+
+
+def test_a_test_not_marked_slow_that_starts_a_process_is_refused_naming_it(
+    process_guard: list[str],
+) -> None:
+    with pytest.raises(ProcessInAFastTest, match=r"starts a process, \['true', '--flag'\]"):
+        subprocess.run(["true", "--flag"], check=False)
+    assert process_guard == ["['true', '--flag']"]
+    process_guard.clear()  # refused as it should be: not this test's failure
+
+
+@pytest.mark.slow
+def test_a_slow_test_starts_processes(process_guard: list[str]) -> None:
+    assert subprocess.run(["true"], check=False).returncode == 0
+    assert process_guard == []

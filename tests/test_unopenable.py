@@ -79,7 +79,10 @@ def read_as_a_user(loader: str, split: Split, bad: Path, folder: Path) -> tuple[
 
 
 @pytest.mark.parametrize("loader", loader_names())
-@pytest.mark.parametrize("kind", ["vanished", "no_permission"])
+# no_permission reads in a process of its own: the full suite's (slow).
+@pytest.mark.parametrize(
+    "kind", ["vanished", pytest.param("no_permission", marks=pytest.mark.slow)]
+)
 def test_a_file_that_cannot_be_opened_is_skipped_and_named(
     loader: str, kind: str, tiny_root: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -1,0 +1,34 @@
+"""Helpers shared by test modules and by the scripts the tests run under torchrun
+(tests/slow_rank.py): plain functions, importable without pytest or the conftest's set-up."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+from PIL import Image
+
+
+def photo(seed: int, size: tuple[int, int] = (120, 90)) -> Image.Image:
+    """A seeded RGB image (width, height): colour gradients under noise, every channel
+    varying, so that a decoder or a colour conversion that gets one wrong shows in the pixels."""
+    rng = np.random.default_rng(seed)
+    yy, xx = np.mgrid[0 : size[1], 0 : size[0]]
+    base = np.stack([(xx * 4) % 256, (yy * 5) % 256, (xx + yy) % 256], axis=-1)
+    noisy = base + rng.integers(-20, 20, base.shape)
+    return Image.fromarray(np.clip(noisy, 0, 255).astype(np.uint8))
+
+
+def slow_decode(seconds: float) -> None:
+    """The torchvision loader's image decode sleeps ``seconds`` first, in this process and in
+    the DataLoader workers it forks: each worker adds a batch per sleep, whatever the machine's
+    cores, so rates follow the worker count."""
+    from loaderbench.loaders.torchvision import loader as module
+
+    decode = module.load_rgb
+
+    def slow(path):  # load_rgb's signature
+        time.sleep(seconds)
+        return decode(path)
+
+    module.load_rgb = slow
