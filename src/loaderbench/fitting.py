@@ -416,6 +416,7 @@ def fit(
         position = start.position if resumed else 0  # and batches of its order gone through
         epoch_loss = start.epoch_loss if resumed else Average()
         mark = (meter.batches, window.cpu_s)
+        trained: list[torch.Tensor] = []  # the indices of the batches the steps had
         if first < steps:  # else preempted at its last step: only its validation is left
             train_loader.set_epoch(epoch, position, next_epoch=epoch + 1 < epochs.stop)
             stop.start_pass(steps - first)
@@ -431,9 +432,10 @@ def fit(
                     stop=stop,
                     epoch_loss=epoch_loss,
                     blank=blank,
+                    trained=trained,
                 )
         # Every rank, whether or not it trained now (preempted at the epoch's last step).
-        ledger.tally(epoch, train_loader.trained_indices() if first < steps else torch.tensor([]))
+        ledger.tally(epoch, torch.cat(trained) if trained else torch.empty(0, dtype=torch.int64))
         if stop.stopped_at is not None:
             stopped = first + stop.stopped_at
             preempt(session, training, epoch, stopped, epoch_loss, train_loader.position)

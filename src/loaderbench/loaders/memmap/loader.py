@@ -86,6 +86,7 @@ class _Gathered:
     labels: torch.Tensor
     ready: torch.cuda.Event | None = None
     decoded_by: dict[str, int] | None = None  # a jpeg store's images, by decoding library
+    indices: torch.Tensor | None = None  # the images' dataset indices (CPU), set by ``_read``
 
 
 def _regions(boxes: torch.Tensor | None, count: int) -> list[Box | None]:
@@ -210,12 +211,19 @@ class MemmapLoader(Loader):
         loop's thread when asked)."""
         return self.batches_in_flight() if self.spec.num_workers > 0 else 0
 
-    def _gather(self, epoch: int, indices: torch.Tensor) -> _Gathered | None:
-        """Read one batch (runs in a reading thread); None when all its files were skipped."""
+    def _read(self, epoch: int, indices: torch.Tensor) -> _Gathered | None:
+        """Read one batch of the order (runs in a reading thread), less the files the cache
+        was built without; None when all its files were."""
         if self._valid is not None:
             indices = indices[self._valid[indices]]
             if not len(indices):
                 return None
+        gathered = self._gather(epoch, indices)
+        gathered.indices = indices
+        return gathered
+
+    def _gather(self, epoch: int, indices: torch.Tensor) -> _Gathered:
+        """Read the images ``indices``, every one in the cache."""
         if self._jpeg:
             with counting() as counts:
                 gathered = self._decode(epoch, indices)
@@ -347,7 +355,8 @@ class MemmapLoader(Loader):
         device = self.spec.device
         images = self._gather_pool.to_device(gathered.images, device)
         labels = self._label_pool.to_device(gathered.labels, device)
-        return Batch(images, labels)
+        assert gathered.indices is not None, "a batch is read by ``_read``"
+        return Batch(images, labels, gathered.indices)
 
     def _account(self, indices: torch.Tensor) -> None:
         """Count, and name once, the files of a batch that the cache was built without (as
@@ -372,7 +381,7 @@ class MemmapLoader(Loader):
     def _iterate(self, epoch: int, batches: list[torch.Tensor]) -> Iterator[Batch]:
         if self.spec.num_workers == 0:
             for indices in batches:
-                gathered = self._gather(epoch, indices)
+                gathered = self._read(epoch, indices)
                 self._account(indices)
                 self.position += 1  # a batch of files the cache was built without: left out
                 if gathered is not None:
@@ -396,7 +405,7 @@ class MemmapLoader(Loader):
                 self._reading = ReadingThreads(
                     self.spec.num_workers,
                     self.batches_in_flight(),
-                    self._gather,
+                    self._read,
                     self.spec.epoch_batches,
                 )
             return self._reading
