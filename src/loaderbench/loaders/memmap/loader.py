@@ -1,39 +1,11 @@
 """``loader=memmap``: whole batches gathered from a decoded uint8 cache on disk, then augmented.
 
-The approach of the tensordict tutorial "Batched data loading with tensorclasses", made to be
-relied on and faster:
-
-* the cache (``cache.py`` beside this module) is built once, in parallel, atomically, and reused
-  by every later run with the same files and settings;
-* an epoch is the shared seeded order (``epoch_permutation``) cut into this rank's batches;
-  a batch is one gather from the memory-mapped images: numpy's ``take`` into a reused buffer,
-  a memcpy per image: faster than indexing the TensorClass (``data[idx]``, advanced indexing
-  per field) and steadier than ``torch.index_select``, whose intra-op threads stall when the
-  cores are busy (docs/measurements.md, "memmap: the gather");
-* ``num_workers`` threads prepare ``prefetch`` batches ahead (in total), so reading overlaps
-  the model's step (the gather and the resize release the GIL); 0 reads in the caller. The
-  threads serve the whole run and read ahead into the next epoch (``reading``);
-* train batches get a random-resized crop (a different box per image, sampled inside each
-  image's true size) and a flip, where the batch is. On the CPU nothing is gathered: the
-  reading threads resize each box straight from its memory-mapped row into the batch (uint8,
-  channels-last NCHW; ``crop_resize_flip_rows``: the batch in one call that holds no GIL), so
-  only the boxes' lines are read, at the cost of the resize itself (the crop-and-resize limit,
-  ``loaderbench.bench.limits``). On CUDA
-  the reading thread gathers the rows, copies them pinned and non-blocking and crops the whole
-  batch in a few kernels (``crop_resize_flip_sampled``: roi_align, not the CPU's antialiased
-  resize; its docstring gives the difference), all on the thread's own stream
-  (``device_work``). Val batches are stored exactly as the reference pipeline makes them and
-  need nothing but the gather (and, on CUDA, the thread's copy);
-* a ``store=jpeg`` batch is decoded by one batched call in the reading threads on the CPU, or on
-  CUDA by each reading thread's own batched nvJPEG decoder (``loaderbench.decode``, the spdl
-  loader's decoder) and cropped on the thread's stream. A train image's box is drawn in the
-  stored image's coordinates before
-  it is decoded, and only the box is decoded (where the backend decodes regions), then
-  resized: the same pixels as a whole decode cut to the box.
-
-The gather writes straight into buffers from a bounded pool (``loaderbench.buffers``), pinned
-on CUDA; tensordict's ``pin_memory()`` would copy an already gathered batch once more, so
-plain tensors and a non-blocking copy serve better.
+The tensordict tutorial's "Batched data loading with tensorclasses", made to be relied on and
+faster: the cache (``cache``) is built once, atomically, and reused; a batch is one gather from
+the memory-mapped store into a pooled buffer (numpy's ``take``: steadier than ``index_select``
+on busy cores) or, for a raw train batch on the CPU, each box resized straight from its row;
+reading threads (``reading``) work ahead through the run. How each store and device makes its
+batch, and the measurements behind it: docs/loaders.md, "How a batch is made".
 """
 
 from __future__ import annotations
