@@ -84,13 +84,14 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         config = session.config
         image_size = config.image_size
         model = build_model(config.model, session.dataset.num_classes, session.device)
-        settle_num_workers(session, training_workload(session, model, image_size))
-        with session.open_loader("train", train=True, image_size=image_size) as loader:
+        settings = settle_num_workers(session, training_workload(session, model, image_size))
+        with session.open_loader("train", settings, train=True, image_size=image_size) as loader:
             if model is None:
                 session.record(measure_loader(session, loader, config.bench.epochs))
                 session.record(epochs=config.bench.epochs)
             else:
-                with session.open_loader("val", train=False, image_size=image_size) as val_loader:
+                val = session.open_loader("val", settings, train=False, image_size=image_size)
+                with val as val_loader:
                     for epoch_metrics in fit_epochs(session, model, loader, val_loader):
                         session.record(epoch_metrics)
     return session.metrics
@@ -168,8 +169,8 @@ def evaluate_checkpoint(cfg: DictConfig) -> dict[str, Any]:
             session.record(model=trained.name, checkpoint=trained.checkpoint)
         bare = trained.model if trained is not None else None
         workload = evaluation_workload(session, bare, image_size, trained and trained.name)
-        settle_num_workers(session, workload)
-        with session.open_loader("val", train=False, image_size=image_size) as loader:
+        settings = settle_num_workers(session, workload)
+        with session.open_loader("val", settings, train=False, image_size=image_size) as loader:
             if trained is None:
                 session.record(measure_loader(session, loader, config.bench.epochs))
             else:

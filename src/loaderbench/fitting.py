@@ -314,7 +314,7 @@ def save_training(
             "config": session.composed,
             "classes": list(session.dataset.classes),
             "world_size": session.dist.world_size,
-            "global_batch": session.config.loader.batch_size * session.dist.world_size,
+            "global_batch": session.loader.batch_size * session.dist.world_size,
             "order_base": order_base(session, epoch, batches),
             "train_set": train_set_signature(session.dataset.train),
             "metrics": {

@@ -182,11 +182,11 @@ def check_resumable(session: Session, state: dict[str, Any], path: Path) -> None
     # Another number of ranks may continue it (``elastic``): the global batch is what must
     # be kept, and the session took it over before any loader was built.
     ranks = session.dist.world_size
-    kept = session.config.loader.batch_size * ranks
+    kept = session.loader.batch_size * ranks
     if kept != global_batch(state, ranks):
         raise ValueError(
             f"global batch {kept} ({ranks} ranks x loader.batch_size="
-            f"{session.config.loader.batch_size}) but checkpoint {path} was trained with "
+            f"{session.loader.batch_size}) but checkpoint {path} was trained with "
             f"{global_batch(state, ranks)}; a resumed run must keep it"
         )
     signature = train_set_signature(session.dataset.train)

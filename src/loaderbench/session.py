@@ -35,7 +35,7 @@ from loaderbench.crops import CROP_STREAM
 from loaderbench.data import DatasetIndex, discover, resolve_path
 from loaderbench.decoded_by import fallback_warning
 from loaderbench.distributed import DistInfo
-from loaderbench.elastic import fit_to_checkpoint
+from loaderbench.elastic import Continued, fit_to_checkpoint
 from loaderbench.images import set_max_pixels
 from loaderbench.loaders import Loader, LoaderSettings, LoaderSpec, build_loader
 from loaderbench.loaders.base import ResumedEpoch
@@ -81,8 +81,8 @@ RUN_CONFIG_FILE = "run_config.json"
 class Session:
     """What the set-up made, for the task's steps to take from."""
 
-    # The whole run's typed config, the one the run reads (the probe of
-    # ``loader.num_workers=auto`` writes the chosen count into ``config.loader``).
+    # The whole run's typed config as validated; never rewritten (the loader's settings as the
+    # run settles them are ``loader``, and ``num_workers=auto``'s count is the probe's return).
     config: RunConfig
     task: str
     run_dir: Path
@@ -105,19 +105,36 @@ class Session:
     skipped: dict[str, set[int]] = field(default_factory=dict)
     # A resume on another number of ranks: the interrupted epoch, as these ranks continue it.
     resumed_epoch: ResumedEpoch | None = None
+    # ``config.loader`` with the per-rank batch of a resume on another number of ranks
+    # (``fit_to_checkpoint``); ``num_workers`` as asked ("auto" before the probe settles it).
+    loader: LoaderSettings | None = None
+    # The settings the run's loaders were built with (``open_loader``'s): ``run_config.json``.
+    ran_with: LoaderSettings | None = None
+
+    def __post_init__(self) -> None:
+        if self.loader is None:
+            self.loader = self.config.loader
 
     def record(self, values: dict[str, Any] | None = None, **more: Any) -> None:
         """Add a step's numbers to the run's metrics (metrics.json and the W&B summary)."""
         self.metrics.update(values or {}, **more)
 
-    def loader_spec(self, split: str, *, train: bool, image_size: int) -> LoaderSpec:
+    def loader_spec(
+        self,
+        split: str,
+        *,
+        train: bool,
+        image_size: int,
+        settings: LoaderSettings | None = None,
+    ) -> LoaderSpec:
+        """``split``'s loader spec, with ``settings`` (default: ``loader``, the settled batch)."""
         config = self.config
         return LoaderSpec(
             split=self.dataset.split(split),
             train=train,
             image_size=image_size,
             device=self.device,
-            settings=config.loader,
+            settings=settings or self.loader or config.loader,
             seed=config.seed,
             rrc_scale=tuple(config.augment.scale),
             rrc_ratio=tuple(config.augment.ratio),
@@ -128,9 +145,14 @@ class Session:
         )
 
     @contextmanager
-    def open_loader(self, split: str, *, train: bool, image_size: int) -> Iterator[Loader]:
-        """The configured loader for ``split``; closed, and its numbers recorded, at the end."""
-        loader = build_loader(self.loader_spec(split, train=train, image_size=image_size))
+    def open_loader(
+        self, split: str, settings: LoaderSettings, *, train: bool, image_size: int
+    ) -> Iterator[Loader]:
+        """The loader for ``split`` with the run's settled ``settings`` (``settle_num_workers``'
+        return); closed, and its numbers recorded, at the end."""
+        spec = self.loader_spec(split, train=train, image_size=image_size, settings=settings)
+        self.ran_with = settings
+        loader = build_loader(spec)
         try:
             yield loader
         finally:
@@ -292,8 +314,7 @@ def base_metrics(composed: dict[str, Any], task: str) -> dict[str, Any]:
         "model": composed["model"]["name"],
         "device": composed["device"]["type"],
         "precision": composed["precision"]["name"],
-        "batch_size": loader["batch_size"],
-        "num_workers": loader["num_workers"],  # "auto" until the probe settles it
+        # batch_size and num_workers: recorded once each, where the run settles them.
         "num_workers_auto": loader["num_workers"] == AUTO,
         "prefetch": loader["prefetch"],
         "image_size": composed["image_size"],
@@ -373,15 +394,18 @@ def _set_up(
     resumable = find_resumable(config, composed, run_dir, task)
     note_fresh_start(config, run_dir, task, info.world_size)
     # A resume keeps the checkpoint's global batch: on another number of ranks, another
-    # per-rank batch, written into config.loader before anything reads it.
-    resumed_epoch = (
-        fit_to_checkpoint(config, resumable, info.world_size) if task == "train" else None
+    # per-rank batch, settled here before anything reads it.
+    continued = (
+        fit_to_checkpoint(config, resumable, info.world_size)
+        if task == "train"
+        else Continued(config.loader)
     )
-    settings = config.loader
+    settings = continued.settings
     metrics.update(
         batch_size=settings.batch_size, global_batch=settings.batch_size * info.world_size
     )
-    if not settings.auto_workers:  # else set for each count the probe tries, then the chosen
+    if not settings.auto_workers:  # else recorded where the probe settles the count
+        metrics["num_workers"] = settings.num_workers
         metrics.update(set_intra_op_threads(config.runtime.threads, settings.num_workers))
     dataset = find_dataset(config.dataset, settings, task, info.world_size)
     metrics.update(dataset_metrics(dataset))
@@ -404,7 +428,8 @@ def _set_up(
         composed,
         metrics,
         resumable=resumable,
-        resumed_epoch=resumed_epoch,
+        resumed_epoch=continued.resumed,
+        loader=settings,
     )
 
 
@@ -446,9 +471,12 @@ def pinned_host_peak_bytes() -> int:
     return int(stats.get("allocated_bytes.peak", stats.get("allocated_bytes.all.peak", 0)))
 
 
-def write_run_config(run_dir: Path, config: RunConfig) -> None:
-    """``run_config.json``: the typed config the run ran with, the probe's worker count in
-    place of ``auto`` (Hydra's ``.hydra/config.yaml`` keeps what was asked)."""
+def write_run_config(run_dir: Path, session: Session) -> None:
+    """``run_config.json``: the typed config the run ran with, its loader's settings as the
+    run settled them (the probe's worker count in place of ``auto``, a resume's per-rank
+    batch); Hydra's ``.hydra/config.yaml`` keeps what was asked."""
+    settings = session.ran_with or session.loader or session.config.loader
+    config = dataclasses.replace(session.config, loader=settings)
     text = json.dumps(dataclasses.asdict(config), indent=2, sort_keys=True, default=str)
     atomic_write_text(run_dir / RUN_CONFIG_FILE, text + "\n")
 
@@ -473,7 +501,7 @@ def _finish(
     if info.is_main:
         write_metrics(run_dir, metrics)
         if session is not None:
-            write_run_config(run_dir, session.config)
+            write_run_config(run_dir, session)
     if metrics["status"] == "preempted":
         # Every rank stopped at the same step. They leave together once rank 0's records are
         # written: torchrun stops every rank as soon as one exits with an error.
