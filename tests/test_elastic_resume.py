@@ -22,12 +22,17 @@ import psutil
 import pytest
 import torch
 
-from loaderbench.elastic import continued_rank_state, images_gone_through, resumed_epoch
+from loaderbench.elastic import (
+    continued_rank_state,
+    images_gone_through,
+    per_rank_batch,
+    resumed_epoch,
+)
 from loaderbench.ledger import SampleLedger
 from loaderbench.loaders import loader_names
 from loaderbench.loaders.base import epoch_permutation, shard_indices, training_places
 from loaderbench.synthetic import SyntheticSpec, ensure_synthetic
-from loaderbench.validation import ConfigError, per_rank_batch
+from loaderbench.validation import ConfigError
 from tests.conftest import loader_folder_overrides, read_metrics, run_dirs, run_entry
 from tests.test_distributed import finish, start_torchrun, torchrun
 

@@ -29,9 +29,10 @@ import torch
 
 from loaderbench.config import RunConfig
 from loaderbench.loaders import LoaderSettings
-from loaderbench.loaders.base import ResumedEpoch, epoch_permutation, training_places
+from loaderbench.loaders.base import epoch_permutation, training_places
 from loaderbench.resume_rules import Resumable, global_batch, saved_ranks
-from loaderbench.validation import per_rank_batch
+from loaderbench.run.resumed import ResumedEpoch
+from loaderbench.validation import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +88,20 @@ def fit_to_checkpoint(config: RunConfig, resumable: Resumable | None, ranks: int
         )
     settings = dataclasses.replace(config.loader, batch_size=batch)
     return Continued(settings, resumed_epoch(state, ranks))
+
+
+def per_rank_batch(global_batch: int, saved_ranks: int, ranks: int) -> int:
+    """The per-rank batch of a job resumed on ``ranks`` ranks from a checkpoint taken on
+    ``saved_ranks`` with ``global_batch`` images a step: the global batch is kept (the
+    schedule's steps and each step's images are the run's), so ``ranks`` must divide it."""
+    if global_batch % ranks:
+        raise ConfigError(
+            f"checkpoint taken on {saved_ranks} ranks with a global batch of {global_batch} "
+            f"({saved_ranks} x loader.batch_size={global_batch // saved_ranks}) cannot resume "
+            f"on {ranks} ranks: {ranks} does not divide {global_batch}; resume on a number of "
+            f"ranks that divides {global_batch} (torchrun --nproc-per-node/--nnodes, SLURM tasks)"
+        )
+    return global_batch // ranks
 
 
 def unpack_places(packed: torch.Tensor | None, images: int) -> torch.Tensor | None:

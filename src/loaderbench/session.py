@@ -38,7 +38,6 @@ from loaderbench.distributed import DistInfo
 from loaderbench.elastic import Continued, fit_to_checkpoint
 from loaderbench.images import set_max_pixels
 from loaderbench.loaders import Loader, LoaderSettings, LoaderSpec, build_loader
-from loaderbench.loaders.base import ResumedEpoch
 from loaderbench.loaders.settings import AUTO
 from loaderbench.locking import atomic_write_text
 from loaderbench.meters import (
@@ -51,6 +50,7 @@ from loaderbench.meters import (
 from loaderbench.metrics import rank_rows, straggler_note
 from loaderbench.pagecache import evict, files_under
 from loaderbench.resume_rules import Resumable, find_resumable, note_fresh_start
+from loaderbench.run.resumed import ResumedEpoch
 from loaderbench.runtime import (
     Precision,
     cpus_allowed,

@@ -19,6 +19,7 @@ import torch
 
 from loaderbench.data import Split
 from loaderbench.loaders.settings import LoaderSettings
+from loaderbench.run.resumed import ResumedEpoch
 from loaderbench.transforms import RRC_RATIO, RRC_SCALE, seeded_crops
 
 log = logging.getLogger(__name__)
@@ -32,16 +33,6 @@ class Batch(NamedTuple):
     # int64, (N,), on the CPU: the split's indices of the images, row by row. What the run's
     # sample ledger counts (what the steps had, observed: not the order the loader planned).
     indices: torch.Tensor
-
-
-@dataclass(frozen=True, eq=False)
-class ResumedEpoch:
-    """The epoch a job resumed on another number of ranks continues: ``done`` marks the
-    places of the epoch's global order (``epoch_permutation``) that the job had gone through
-    before it stopped, on every rank. The rest is shared out among the ranks now."""
-
-    epoch: int
-    done: torch.Tensor  # bool, one per place of the order
 
 
 @dataclass(frozen=True)
