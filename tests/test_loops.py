@@ -11,9 +11,9 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from loaderbench.engine import StepLog, TrainStep, evaluate, train_one_epoch
-from loaderbench.ledger import SampleLedger
 from loaderbench.loaders import Batch
 from loaderbench.meters import LoopMeter
+from loaderbench.run.ledger import SampleLedger
 from loaderbench.runtime import PRECISIONS
 
 

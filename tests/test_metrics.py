@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from loaderbench import distributed, metrics, sweeps
+from loaderbench import metrics, sweeps
 from loaderbench.meters import LoopMeter, loop_metrics
+from loaderbench.run import distributed
 from tests.conftest import free_ports
 
 # What each of two ranks measured (rank 1 twice as fast, waiting less, started later).

@@ -1,4 +1,4 @@
-"""What train.py and eval.py run: a session (``loaderbench.session``), a loader, a model, and
+"""What train.py and eval.py run: a session (``loaderbench.run.session``), a loader, a model, and
 the loop that ties them; every step returns its numbers and the task records them."""
 
 from __future__ import annotations
@@ -16,16 +16,16 @@ from omegaconf import DictConfig
 from torch import nn
 
 from loaderbench.autotune import evaluation_workload, settle_num_workers, training_workload
-from loaderbench.checkpoint import load_checkpoint
 from loaderbench.config import ModelConfig
 from loaderbench.engine import consume
-from loaderbench.fitting import evaluation_pass
-from loaderbench.fitting import fit as fit_epochs
 from loaderbench.loaders import Loader
 from loaderbench.meters import CpuWindow
 from loaderbench.models import NO_MODEL, build_model, maybe_compile
-from loaderbench.session import Session, open_session
-from loaderbench.stopping import Preempted, requeue
+from loaderbench.run.checkpoint import load_checkpoint
+from loaderbench.run.fitting import evaluation_pass
+from loaderbench.run.fitting import fit as fit_epochs
+from loaderbench.run.session import Session, open_session
+from loaderbench.run.stopping import Preempted, requeue
 
 log = logging.getLogger(__name__)
 

@@ -21,7 +21,7 @@ from typing import Any
 import psutil
 from torch.utils.data import DataLoader
 
-from loaderbench.stopping import raise_if_stop_requested
+from loaderbench.run.stopping import raise_if_stop_requested
 
 Sync = Callable[[], None]
 

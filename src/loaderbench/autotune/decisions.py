@@ -30,7 +30,7 @@ from loaderbench.autotune.rung import ProbeRow
 from loaderbench.data import resolve_path
 from loaderbench.loaders import LoaderSpec
 from loaderbench.locking import atomic_write_text
-from loaderbench.session import Session
+from loaderbench.run.session import Session
 
 log = logging.getLogger(__name__)
 

@@ -9,7 +9,6 @@ import logging
 import time
 from pathlib import Path
 
-from loaderbench import distributed
 from loaderbench.autotune.decisions import (
     FILE_PREFIX,
     Decision,
@@ -24,8 +23,9 @@ from loaderbench.autotune.policy import choose
 from loaderbench.autotune.probe import prepare_splits, probe
 from loaderbench.autotune.workload import Workload
 from loaderbench.loaders import LoaderSettings
+from loaderbench.run import distributed
+from loaderbench.run.session import Session, evict_page_cache
 from loaderbench.runtime import cpus_allowed, set_intra_op_threads
-from loaderbench.session import Session, evict_page_cache
 
 log = logging.getLogger(__name__)
 

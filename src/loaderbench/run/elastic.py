@@ -30,7 +30,7 @@ import torch
 from loaderbench.config import RunConfig
 from loaderbench.loaders import LoaderSettings
 from loaderbench.loaders.base import epoch_permutation, training_places
-from loaderbench.resume_rules import Resumable, global_batch, saved_ranks
+from loaderbench.run.resume_rules import Resumable, global_batch, saved_ranks
 from loaderbench.run.resumed import ResumedEpoch
 from loaderbench.validation import ConfigError
 

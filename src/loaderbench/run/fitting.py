@@ -12,21 +12,7 @@ from typing import Any, NoReturn
 import torch
 from torch import nn
 
-from loaderbench import distributed
-from loaderbench.checkpoint import (
-    CHECKPOINT_FILE,
-    load_checkpoint,
-    rng_state,
-    save_checkpoint,
-    set_rng_state,
-)
 from loaderbench.config import BenchConfig, RunConfig
-from loaderbench.elastic import (
-    continued_rank_state,
-    images_gone_through,
-    pack_places,
-    resume_path,
-)
 from loaderbench.engine import (
     EvalCounts,
     StepLog,
@@ -35,15 +21,29 @@ from loaderbench.engine import (
     evaluate,
     train_one_epoch,
 )
-from loaderbench.ledger import SampleLedger
 from loaderbench.loaders import Loader
 from loaderbench.meters import Average, CpuWindow, IntervalRates, LoopMeter
 from loaderbench.metrics import with_epoch_ranks
 from loaderbench.models import maybe_compile
 from loaderbench.optim import build_optimizer, build_scheduler, load_optimizer_state
-from loaderbench.resume_rules import check_resumable, saved_ranks, train_set_signature
-from loaderbench.session import Session
-from loaderbench.stopping import Preempted, preemption_requested
+from loaderbench.run import distributed
+from loaderbench.run.checkpoint import (
+    CHECKPOINT_FILE,
+    load_checkpoint,
+    rng_state,
+    save_checkpoint,
+    set_rng_state,
+)
+from loaderbench.run.elastic import (
+    continued_rank_state,
+    images_gone_through,
+    pack_places,
+    resume_path,
+)
+from loaderbench.run.ledger import SampleLedger
+from loaderbench.run.resume_rules import check_resumable, saved_ranks, train_set_signature
+from loaderbench.run.session import Session
+from loaderbench.run.stopping import Preempted, preemption_requested
 
 log = logging.getLogger(__name__)
 

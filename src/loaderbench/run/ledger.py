@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from loaderbench import distributed
+from loaderbench.run import distributed
 
 
 class SampleLedger:

@@ -29,13 +29,11 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from loaderbench import __version__, distributed
+from loaderbench import __version__
 from loaderbench.config import BenchConfig, DatasetConfig, LoggerConfig, RunConfig
 from loaderbench.crops import CROP_STREAM
 from loaderbench.data import DatasetIndex, discover, resolve_path
 from loaderbench.decoded_by import fallback_warning
-from loaderbench.distributed import DistInfo
-from loaderbench.elastic import Continued, fit_to_checkpoint
 from loaderbench.images import set_max_pixels
 from loaderbench.loaders import Loader, LoaderSettings, LoaderSpec, build_loader
 from loaderbench.loaders.settings import AUTO
@@ -49,8 +47,17 @@ from loaderbench.meters import (
 )
 from loaderbench.metrics import rank_rows, straggler_note
 from loaderbench.pagecache import evict, files_under
-from loaderbench.resume_rules import Resumable, find_resumable, note_fresh_start
+from loaderbench.run import distributed
+from loaderbench.run.distributed import DistInfo
+from loaderbench.run.elastic import Continued, fit_to_checkpoint
+from loaderbench.run.resume_rules import Resumable, find_resumable, note_fresh_start
 from loaderbench.run.resumed import ResumedEpoch
+from loaderbench.run.stopping import (
+    Preempted,
+    preemption_noted,
+    raise_if_stop_requested,
+    stop_signals_as_interrupt,
+)
 from loaderbench.runtime import (
     Precision,
     cpus_allowed,
@@ -59,12 +66,6 @@ from loaderbench.runtime import (
     seed_everything,
     set_intra_op_threads,
     synchronizer,
-)
-from loaderbench.stopping import (
-    Preempted,
-    preemption_noted,
-    raise_if_stop_requested,
-    stop_signals_as_interrupt,
 )
 from loaderbench.sweeps import job_name, sweep_group, swept_keys
 from loaderbench.tracking import NullLogger, RunLogger, build_logger
