@@ -23,7 +23,7 @@ from loaderbench.engine import (
 )
 from loaderbench.loaders import Loader
 from loaderbench.meters import Average, CpuWindow, IntervalRates, LoopMeter
-from loaderbench.metrics import with_epoch_ranks
+from loaderbench.metrics import epoch_curves, with_epoch_ranks
 from loaderbench.models import maybe_compile
 from loaderbench.optim import build_optimizer, build_scheduler, load_optimizer_state
 from loaderbench.run import distributed
@@ -362,9 +362,7 @@ def log_epoch(
             "epoch": epoch,
             "epoch/train_loss": result["loss"],
             "epoch/lr": lr,
-            "epoch/images_per_s": rates["images_per_s"],
-            "epoch/images_per_s_end_to_end": rates["images_per_s_end_to_end"],
-            "epoch/data_wait_frac": rates["data_wait_frac"],
+            **epoch_curves(rates),
             **{  # data-parallel runs: the rank the others wait for
                 f"epoch/{key}": rates[key]
                 for key in ("slowest_rank", "slowest_rank_data_wait_frac")

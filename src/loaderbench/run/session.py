@@ -45,7 +45,7 @@ from loaderbench.meters import (
     ProcessTreeMonitor,
     loop_metrics,
 )
-from loaderbench.metrics import rank_rows, straggler_note
+from loaderbench.metrics import loop_rates, rank_rows, straggler_note
 from loaderbench.pagecache import evict, files_under
 from loaderbench.run import distributed
 from loaderbench.run.distributed import DistInfo
@@ -202,7 +202,7 @@ class Session:
         mine["peak_rss_mb"] = self.monitor.peak_rss_bytes / 2**20
         metrics = distributed.reduce_loop_metrics(mine, self.dist.world_size)
         if not metrics["images"]:
-            metrics.update(images_per_s=None, images_per_s_end_to_end=None, data_wait_frac=None)
+            metrics.update(dict.fromkeys(loop_rates()))
         return metrics
 
     @contextmanager
