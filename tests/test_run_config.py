@@ -32,6 +32,7 @@ from loaderbench.config import (
 )
 from loaderbench.loaders import loader_names, settings_class
 from loaderbench.loaders.settings import LoaderSettings, failed_checks
+from loaderbench.run.records import RUN_CONFIG_FILE
 from loaderbench.run.resume_rules import (
     MAY_DIFFER,
     MUST_MATCH,
@@ -39,7 +40,7 @@ from loaderbench.run.resume_rules import (
     changed_kept_keys,
     same_run,
 )
-from loaderbench.run.session import RUN_CONFIG_FILE, evict_page_cache, prepare_page_cache
+from loaderbench.run.session import evict_page_cache, prepare_page_cache
 from loaderbench.validation import ConfigError, validate_config
 from tests.conftest import folder_index, loader_folders, run_entry, single_run
 from tests.test_config import compose_cfg

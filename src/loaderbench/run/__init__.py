@@ -1,6 +1,6 @@
 """The run core: one run's lifecycle, from the validated config to metrics.json.
 
-``session`` sets a run up and finishes it (metrics.json, run_config.json, W&B); ``fitting``
+``session`` sets a run up and finishes it (``records``: metrics.json, run_config.json); ``fitting``
 trains over epochs; ``checkpoint`` writes and reads the state, ``resume_rules`` says whether a
 checkpoint may continue this run, ``elastic`` continues it on another number of ranks
 (``resumed``: the interrupted epoch the loaders share out); ``ledger`` counts the images each

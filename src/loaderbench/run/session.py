@@ -5,17 +5,15 @@
 the set-up steps in order, each a small function that takes the typed piece it needs and
 returns what it makes (``start_process``, ``find_dataset``, ``prepare_page_cache``,
 ``start_logger``), hands the ``Session`` to the task, and whatever happens, finishes:
-``metrics.json`` and ``run_config.json`` written (rank 0), W&B finished, the process group
-shut down. The task's steps return their numbers and the task records them with
+``metrics.json`` and ``run_config.json`` written (rank 0, ``records``), W&B finished, the
+process group shut down. The task's steps return their numbers and the task records them with
 ``Session.record``, the only writer of the run's metrics.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
-import math
 import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
@@ -37,7 +35,6 @@ from loaderbench.decoded_by import fallback_warning
 from loaderbench.images import set_max_pixels
 from loaderbench.loaders import Loader, LoaderSettings, LoaderSpec, build_loader
 from loaderbench.loaders.settings import AUTO
-from loaderbench.locking import atomic_write_text
 from loaderbench.meters import (
     CpuWindow,
     IntervalRates,
@@ -50,6 +47,13 @@ from loaderbench.pagecache import evict, files_under
 from loaderbench.run import distributed
 from loaderbench.run.distributed import DistInfo
 from loaderbench.run.elastic import Continued, fit_to_checkpoint
+from loaderbench.run.records import (
+    pinned_host_peak_bytes,
+    skipped_counts,
+    tree_totals,
+    write_metrics,
+    write_run_config,
+)
 from loaderbench.run.resume_rules import Resumable, find_resumable, note_fresh_start
 from loaderbench.run.resumed import ResumedEpoch
 from loaderbench.run.stopping import (
@@ -60,7 +64,6 @@ from loaderbench.run.stopping import (
 )
 from loaderbench.runtime import (
     Precision,
-    cpus_allowed,
     resolve_device,
     resolve_precision,
     seed_everything,
@@ -72,10 +75,6 @@ from loaderbench.tracking import NullLogger, RunLogger, build_logger
 from loaderbench.validation import validate_against_dataset, validate_config
 
 log = logging.getLogger(__name__)
-
-METRICS_FILE = "metrics.json"
-# The run's typed config as it ran (``loader.num_workers=auto``: the count chosen).
-RUN_CONFIG_FILE = "run_config.json"
 
 
 @dataclass
@@ -356,7 +355,8 @@ def open_session(cfg: DictConfig, task: str) -> Iterator[Session]:
             session = _set_up(cfg, composed, task, run_dir, info, monitor, metrics)
             yield session
             raise_if_stop_requested()  # a signal whose KeyboardInterrupt Python swallowed
-            metrics.update(_tree_totals(session, monitor), status="ok")
+            totals = tree_totals(monitor, session.dataset, session.skipped, info.world_size)
+            metrics.update(totals, status="ok")
         except KeyboardInterrupt:
             metrics["status"] = "interrupted"
             raise
@@ -434,64 +434,6 @@ def _set_up(
     )
 
 
-def skipped_counts(dataset: DatasetIndex, skipped: dict[str, set[int]]) -> dict[str, int]:
-    """``loader_<split>_skipped_files``: the distinct files of each split that were skipped;
-    ``skipped_files``: the distinct files over every split (by path: one file, one count)."""
-    paths = {dataset.split(name).paths[i] for name, indices in skipped.items() for i in indices}
-    counts = {f"loader_{name}_skipped_files": len(indices) for name, indices in skipped.items()}
-    return {**counts, "skipped_files": len(paths)}
-
-
-def skipped_over_ranks(skipped: dict[str, set[int]]) -> dict[str, set[int]]:
-    """Every rank's skipped files, united per split (a collective: every rank calls it)."""
-    united: dict[str, set[int]] = {}
-    for rank in distributed.gather_objects({name: sorted(i) for name, i in skipped.items()}):
-        for name, indices in rank.items():
-            united.setdefault(name, set()).update(indices)
-    return united
-
-
-def _tree_totals(session: Session, monitor: ProcessTreeMonitor) -> dict[str, Any]:
-    """Peak memory summed over ranks; the skipped files counted over ranks, each once; and
-    each rank's own peak memory, CPUs and skipped files (``rank_peak_rss_mb``, ``rank_cpus``,
-    ``rank_skipped_files``: what tells a starving rank's cause apart)."""
-    monitor.sample()
-    mine = {
-        "peak_rss_mb": monitor.peak_rss_bytes / 2**20,
-        "cpus": cpus_allowed(),
-        "skipped_files": skipped_counts(session.dataset, session.skipped)["skipped_files"],
-    }
-    totals = distributed.reduce_loop_metrics(mine, session.dist.world_size)
-    monitor.peak_rss_bytes = int(totals["peak_rss_mb"] * 2**20)  # the sum, as the run's peak
-    return {**totals, **skipped_counts(session.dataset, skipped_over_ranks(session.skipped))}
-
-
-def pinned_host_peak_bytes() -> int:
-    """The peak of torch's pinned host memory (the loaders' pools and DataLoader's pinning)."""
-    stats = getattr(torch.cuda, "host_memory_stats", dict)()
-    return int(stats.get("allocated_bytes.peak", stats.get("allocated_bytes.all.peak", 0)))
-
-
-def write_run_config(run_dir: Path, session: Session) -> None:
-    """``run_config.json``: the typed config the run ran with, its loader's settings as the
-    run settled them (the probe's worker count in place of ``auto``, a resume's per-rank
-    batch); Hydra's ``.hydra/config.yaml`` keeps what was asked."""
-    settings = session.ran_with or session.loader or session.config.loader
-    config = dataclasses.replace(session.config, loader=settings)
-    text = json.dumps(dataclasses.asdict(config), indent=2, sort_keys=True, default=str)
-    atomic_write_text(run_dir / RUN_CONFIG_FILE, text + "\n")
-
-
-def write_metrics(run_dir: Path, metrics: dict[str, Any]) -> None:
-    def clean(value: Any) -> Any:
-        if isinstance(value, float) and not math.isfinite(value):
-            return None
-        return value
-
-    payload = {key: clean(value) for key, value in metrics.items()}
-    atomic_write_text(run_dir / METRICS_FILE, json.dumps(payload, indent=2, sort_keys=True) + "\n")
-
-
 def _finish(
     session: Session | None, info: DistInfo, run_dir: Path, metrics: dict[str, Any]
 ) -> None:
@@ -502,7 +444,8 @@ def _finish(
     if info.is_main:
         write_metrics(run_dir, metrics)
         if session is not None:
-            write_run_config(run_dir, session)
+            settings = session.ran_with or session.loader or session.config.loader
+            write_run_config(run_dir, session.config, settings)
     if metrics["status"] == "preempted":
         # Every rank stopped at the same step. They leave together once rank 0's records are
         # written: torchrun stops every rank as soon as one exits with an error.
