@@ -199,6 +199,17 @@ def epoch_curves(rates: Mapping[str, Any]) -> dict[str, Any]:
     return {f"epoch/{m.key}": rates.get(m.key) for m in METRICS if m.epoch_curve}
 
 
+def rates_text(rates: Mapping[str, Any]) -> str:
+    """A loop's rate and data wait in words (a log line), with the slowest rank's wait in a
+    data-parallel run; an unmeasured rate reads as 0."""
+    wait = 100 * (rates.get("data_wait_frac") or 0.0)
+    text = f"{rates.get('images_per_s') or 0.0:.1f} images/s, data wait {wait:.1f}%"
+    slowest = rates.get("slowest_rank")
+    if slowest is None:
+        return text
+    return f"{text} (slowest rank {slowest}: {100 * rates['slowest_rank_data_wait_frac']:.1f}%)"
+
+
 def loop_rates() -> list[str]:
     """The loop's rates, which a run that has none yet (stopped before its loop) holds as
     None: the metrics drawn per epoch."""

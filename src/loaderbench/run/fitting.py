@@ -23,7 +23,7 @@ from loaderbench.engine import (
 )
 from loaderbench.loaders import Loader
 from loaderbench.meters import Average, CpuWindow, IntervalRates, LoopMeter
-from loaderbench.metrics import epoch_curves, with_epoch_ranks
+from loaderbench.metrics import epoch_curves, rates_text, with_epoch_ranks
 from loaderbench.models import maybe_compile
 from loaderbench.optim import build_optimizer, build_scheduler, load_optimizer_state
 from loaderbench.run import distributed
@@ -342,19 +342,14 @@ def log_epoch(
     rank; None for an epoch a resumed run found already trained), its val accuracy; in a
     data-parallel run also the slowest rank's data wait, and each rank's figures appended to
     the run's ``epoch_rank_<key>`` lists."""
-    slowest = rates.get("slowest_rank")
     log.info(
-        "epoch %d/%d: loss %.4f, top1 %.4f, top5 %.4f, %.1f images/s, data wait %.1f%%%s",
+        "epoch %d/%d: loss %.4f, top1 %.4f, top5 %.4f, %s",
         epoch,
         session.config.epochs,
         result["loss"],
         result["top1"],
         result["top5"],
-        rates["images_per_s"] or 0.0,
-        100 * (rates["data_wait_frac"] or 0.0),
-        ""
-        if slowest is None
-        else f" (slowest rank {slowest}: {100 * rates['slowest_rank_data_wait_frac']:.1f}%)",
+        rates_text(rates),
     )
     session.record(with_epoch_ranks(session.metrics, rates))
     session.logger.log(
