@@ -293,7 +293,7 @@ def test_a_requeue_whose_scontrol_the_requeue_killed_ends_the_job_without_a_resu
     """submitit's handler raises when ``scontrol requeue`` dies of the SIGTERM its own requeue
     sent (CI saw it): the run ends as after a requeue (SystemExit, no error result for the
     submitter), while a refused requeue (exit status 1) or another kill still raises."""
-    from loaderbench import stopping
+    from loaderbench.run import stopping
 
     def killed_by_the_requeue(signum: int, frame: object) -> None:
         raise subprocess.CalledProcessError(-signal.SIGTERM, ["scontrol", "requeue", "7"])
