@@ -21,7 +21,6 @@ import torch
 from omegaconf import OmegaConf
 from torch import nn
 
-from loaderbench import distributed
 from loaderbench.autotune import (
     Workload,
     model_step,
@@ -30,12 +29,13 @@ from loaderbench.autotune import (
     training_workload,
 )
 from loaderbench.data import discover
-from loaderbench.distributed import DistInfo
 from loaderbench.loaders import build_loader
 from loaderbench.loaders.settings import AutotuneSettings
 from loaderbench.meters import ProcessTreeMonitor
+from loaderbench.run import distributed
+from loaderbench.run.distributed import DistInfo
+from loaderbench.run.session import Session
 from loaderbench.runtime import PRECISIONS
-from loaderbench.session import Session
 from loaderbench.tracking import NullLogger
 from loaderbench.validation import validate_config
 from tests.conftest import (

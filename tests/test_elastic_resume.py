@@ -2,7 +2,8 @@
 (each rank takes global / M; a count that does not divide it is refused, naming both), the
 epoch's global order and the place in it are kept, and the ledger of the images trained on
 (metrics.json ``epoch_samples``, ``epoch_repeats``) is an uninterrupted run's: every image of
-every epoch once, none twice, in every loader.
+every epoch once, none twice, counted from the batches the steps had, and the weights are an
+uninterrupted run's, in every loader.
 
 The end-to-end runs are real torchrun jobs (gloo on the CPU) preempted by SIGUSR2 the way
 SLURM signals every task, and requeued with the same command on another number of ranks:
@@ -23,12 +24,17 @@ import psutil
 import pytest
 import torch
 
-from loaderbench.elastic import continued_rank_state, images_gone_through, resumed_epoch
-from loaderbench.ledger import SampleLedger
 from loaderbench.loaders import loader_names
 from loaderbench.loaders.base import epoch_permutation, shard_indices, training_places
+from loaderbench.run.elastic import (
+    continued_rank_state,
+    images_gone_through,
+    per_rank_batch,
+    resumed_epoch,
+)
+from loaderbench.run.ledger import SampleLedger
 from loaderbench.synthetic import SyntheticSpec, ensure_synthetic
-from loaderbench.validation import ConfigError, per_rank_batch
+from loaderbench.validation import ConfigError
 from tests.conftest import (
     finish,
     loader_folder_overrides,
@@ -121,8 +127,9 @@ def test_two_ranks_preempted_resume_on_one_then_one_on_two(
     assert metrics["epoch_repeats"] == [0] * EPOCHS
     resumed = checkpoint(run_dir)
     assert resumed["scheduler"]["last_epoch"] == EPOCHS * STEPS  # the run's steps, no more
-    if loader == "torchvision":
-        same_as_uninterrupted(resumed, metrics, elastic_root, tmp_path)
+    # The ledger counts the batches the steps had, and the weights show which images they
+    # were: a batch served twice or the wrong images after a resume fail one or the other.
+    same_as_uninterrupted(resumed, metrics, elastic_root, tmp_path, loader)
 
 
 def refused_on_three_ranks(state: dict, args: list[str], tmp_path: Path) -> None:
@@ -140,15 +147,19 @@ def refused_on_three_ranks(state: dict, args: list[str], tmp_path: Path) -> None
     assert "cannot resume on 3 ranks: 3 does not divide 8" in proc.stdout
 
 
-def same_as_uninterrupted(resumed: dict, metrics: dict, root: Path, tmp_path: Path) -> None:
-    """The uninterrupted run with the same global batch (1 rank of 8): the same samples, the
-    same steps, the same weights (within the summation order's rounding)."""
+def same_as_uninterrupted(
+    resumed: dict, metrics: dict, root: Path, tmp_path: Path, loader: str
+) -> None:
+    """The uninterrupted run of ``loader`` with the same global batch (1 rank of 8): the same
+    samples, the same steps, the same weights (within the summation order's rounding)."""
     whole = tmp_path / "whole"
     whole.mkdir()
     recipe = [a for a in RECIPE if not a.startswith("loader.batch_size=")]
     run_entry(
         "train.py",
         *recipe,
+        f"loader={loader}",
+        *loader_folder_overrides(loader, tmp_path),
         f"loader.batch_size={BATCH * RANKS}",
         f"dataset.root={root}",
         f"hydra.run.dir={whole / 'run'}",
@@ -176,7 +187,7 @@ def stopped_state(
 ) -> dict:
     """A checkpoint's fields as ``resumed_epoch`` reads them: stopped after ``steps`` steps of
     epoch 3, each rank at its ``positions`` (more than ``steps`` after a left-out batch)."""
-    from loaderbench.elastic import pack_places
+    from loaderbench.run.elastic import pack_places
 
     return {
         "epoch": 3,
@@ -345,17 +356,17 @@ def test_a_relaunch_that_finds_no_checkpoint_says_where_it_looked(
     the directory it looked in, and how to continue a run; a 1-rank launch that is not a
     SLURM requeue, or one that asked for a checkpoint, says nothing."""
     from loaderbench.config import RunConfig
-    from loaderbench.resume_rules import note_fresh_start
+    from loaderbench.run.resume_rules import note_fresh_start
 
     monkeypatch.delenv("SLURM_RESTART_COUNT", raising=False)
-    with caplog.at_level("INFO", logger="loaderbench.resume_rules"):
+    with caplog.at_level("INFO", logger="loaderbench.run.resume_rules"):
         note_fresh_start(RunConfig(), tmp_path, "train", 1)
         assert "starting afresh" not in caplog.text
         note_fresh_start(RunConfig(), tmp_path, "train", 2)
     assert f"no checkpoint in {tmp_path}" in caplog.text and "hydra.run.dir" in caplog.text
     caplog.clear()
     monkeypatch.setenv("SLURM_RESTART_COUNT", "1")  # a requeued SLURM job, one task
-    with caplog.at_level("INFO", logger="loaderbench.resume_rules"):
+    with caplog.at_level("INFO", logger="loaderbench.run.resume_rules"):
         note_fresh_start(RunConfig(), tmp_path, "train", 1)
     assert "starting afresh" in caplog.text
 

@@ -15,8 +15,8 @@ import psutil
 import pytest
 import torch
 
-from loaderbench.checkpoint import load_checkpoint
-from loaderbench.stopping import critical_section, stop_requested, stop_signals_as_interrupt
+from loaderbench.run.checkpoint import load_checkpoint
+from loaderbench.run.stopping import critical_section, stop_requested, stop_signals_as_interrupt
 from tests.conftest import REPO
 
 
@@ -189,7 +189,7 @@ ATOMIC_WRITE = """
 import os, signal, sys
 from pathlib import Path
 from loaderbench.locking import atomic_write
-from loaderbench.stopping import stop_signals_as_interrupt
+from loaderbench.run.stopping import stop_signals_as_interrupt
 
 target, sig = Path(sys.argv[1]), int(sys.argv[2])
 
@@ -240,8 +240,8 @@ CHECKPOINT = """
 import os, signal, sys
 from collections import OrderedDict
 import torch
-from loaderbench.checkpoint import save_checkpoint
-from loaderbench.stopping import stop_signals_as_interrupt
+from loaderbench.run.checkpoint import save_checkpoint
+from loaderbench.run.stopping import stop_signals_as_interrupt
 
 class StopWhilePickled:
     # torch.save pickles this with its temporary file open: a SIGTERM halfway through.
@@ -293,7 +293,7 @@ def test_a_requeue_whose_scontrol_the_requeue_killed_ends_the_job_without_a_resu
     """submitit's handler raises when ``scontrol requeue`` dies of the SIGTERM its own requeue
     sent (CI saw it): the run ends as after a requeue (SystemExit, no error result for the
     submitter), while a refused requeue (exit status 1) or another kill still raises."""
-    from loaderbench import stopping
+    from loaderbench.run import stopping
 
     def killed_by_the_requeue(signum: int, frame: object) -> None:
         raise subprocess.CalledProcessError(-signal.SIGTERM, ["scontrol", "requeue", "7"])

@@ -108,14 +108,20 @@ def fingerprint(image: torch.Tensor) -> bytes:
 
 
 class Epoch:
-    """What one iteration of a loader gave: images, labels, its position after each batch."""
+    """What one iteration of a loader gave: images, labels, the images' dataset indices, its
+    position after each batch."""
 
     def __init__(self, loader: Any, epoch: int, start_batch: int = 0, stop: int | None = None):
         loader.set_epoch(epoch, start_batch)
-        batches, self.positions = [], []
+        batches, self.positions, self.indices = [], [], []
+        split_labels = loader.spec.split.labels
         for batch in loader:
             assert batch.images.dtype == torch.uint8 and batch.labels.dtype == torch.int64
             assert batch.images.shape[1:] == (3, SIZE, SIZE) and len(batch.labels) <= BATCH
+            assert batch.indices.dtype == torch.int64 and batch.indices.device.type == "cpu"
+            indices = batch.indices.tolist()
+            assert batch.labels.tolist() == [split_labels[i] for i in indices]
+            self.indices += indices
             batches.append((batch.images.clone(), batch.labels.clone()))
             self.positions.append(loader.position)
             if stop is not None and len(batches) == stop:
@@ -157,6 +163,7 @@ def test_val_is_the_reference_pipeline(variant, contract_root: Path, folders: Pa
         read = Epoch(loader, 0)
     kept = [i for i in range(len(val)) if i != BAD_VAL]
     assert read.labels == [val.labels[i] for i in kept]
+    assert read.indices == kept  # row by row: what the ledger counts
     transform = pil_val_transform(SIZE)
     reference = torch.stack([transform(load_rgb(val.paths[i])) for i in kept])
     assert_reference_pixels(read.images, reference, VAL_TOLERANCE)
@@ -174,6 +181,7 @@ def test_train_crops_are_the_seeded_reference_crops(
         read = Epoch(loader, 1)
     assert read.labels == expected_labels(spec, 1, bad)
     order = [i for i in spec.epoch_order(1).tolist() if i not in bad]
+    assert read.indices == order  # row by row: what the ledger counts
     crop = PilTrainTransform(spec.image_size, spec.seed, spec.rrc_scale, spec.rrc_ratio)
     reference = torch.stack([crop(load_rgb(train.paths[i]), i, 1) for i in order])
     own = assert_reference_pixels(read.images, reference, TRAIN_TOLERANCE)
@@ -267,6 +275,7 @@ def test_an_epoch_resumes_from_its_position(variant, contract_root: Path, folder
         assert rest.positions == [4, 5, 6]
         resumed = torch.cat([stopped.images, rest.images])
         assert torch.equal(resumed, whole.images)
+        assert stopped.indices + rest.indices == whole.indices
         assert stopped.labels + rest.labels == whole.labels
         end = Epoch(loader, 0, start_batch=BATCHES)
         assert end.labels == [] and loader.position == BATCHES
@@ -413,7 +422,7 @@ class PilLoader(Loader):
         (Path(spec.settings.scratch) / f"served-{self.epoch}").touch()
         self.position = self.start_batch
         for indices in spec.epoch_batches(self.epoch, self.start_batch):
-            images, labels = [], []
+            images, labels, kept = [], [], []
             for index in indices.tolist():
                 try:
                     image = load_rgb(spec.split.paths[index])
@@ -424,9 +433,10 @@ class PilLoader(Loader):
                     continue
                 images.append(crop(image, index, self.epoch) if spec.train else val(image))
                 labels.append(spec.split.labels[index])
+                kept.append(index)
             self.position += 1
             if labels:
-                yield Batch(torch.stack(images), torch.tensor(labels))
+                yield Batch(torch.stack(images), torch.tensor(labels), torch.tensor(kept))
 '''
 
 THROWAWAY_YAML = """defaults:

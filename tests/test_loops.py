@@ -13,6 +13,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from loaderbench.engine import StepLog, TrainStep, evaluate, train_one_epoch
 from loaderbench.loaders import Batch
 from loaderbench.meters import LoopMeter
+from loaderbench.run.ledger import SampleLedger
 from loaderbench.runtime import PRECISIONS
 
 
@@ -39,8 +40,9 @@ class InMemoryLoader:
             Batch(
                 torch.randint(0, 256, shape, dtype=torch.uint8, generator=generator),
                 torch.randint(0, classes, (batch_size,), generator=generator),
+                torch.arange(b * batch_size, (b + 1) * batch_size),
             )
-            for _ in range(batches)
+            for b in range(batches)
         ]
 
     def __len__(self) -> int:
@@ -94,6 +96,7 @@ def test_training_reads_the_loss_once_per_log_interval(steps: int, every: int) -
             log_every=every,
             on_log=logs.append,
             read=read,
+            trained=[],  # the ledger's indices: kept without a read
         )
     expected = -(-steps // every)  # the log points, the end of the epoch included
     assert len(hook_reads) == expected
@@ -104,6 +107,27 @@ def test_training_reads_the_loss_once_per_log_interval(steps: int, every: int) -
     intervals = [logs[0].steps, *(b.steps - a.steps for a, b in itertools.pairwise(logs))]
     weighted = sum(log.loss * n for log, n in zip(logs, intervals, strict=True)) / steps
     assert mean == pytest.approx(weighted)
+
+
+def test_the_ledger_counts_the_batches_the_steps_had_a_batch_served_twice_included() -> None:
+    """The loop hands over the indices of each batch it stepped on, up to a stop: a loader
+    that serves a batch twice (say after a resume) shows a repeat, not a clean epoch."""
+    loader = InMemoryLoader(4)
+    loader.batches.insert(2, loader.batches[1])  # batch 1 again
+    trained: list[torch.Tensor] = []
+    stop_after = 4
+    train_one_epoch(
+        train_step(Tiny()),
+        loader,
+        LoopMeter(warmup_batches=0),
+        stop=lambda steps: steps == stop_after,
+        trained=trained,
+    )
+    assert torch.cat(trained).tolist() == [*range(8), *range(4, 12)]  # the 5th not trained
+    ledger = SampleLedger(16)
+    ledger.tally(0, torch.cat(trained))
+    ledger.close_epoch(0)
+    assert ledger.metrics() == {"epoch_samples": [12], "epoch_repeats": [4]}
 
 
 def test_the_epoch_loss_is_the_mean_over_steps() -> None:

@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from loaderbench import distributed, metrics, sweeps
+from loaderbench import metrics, sweeps
 from loaderbench.meters import LoopMeter, loop_metrics
+from loaderbench.run import distributed
 from tests.conftest import free_ports
 
 # What each of two ranks measured (rank 1 twice as fast, waiting less, started later).
@@ -92,3 +93,21 @@ def test_a_new_metric_is_its_declaration(monkeypatch: pytest.MonkeyPatch, tmp_pa
     columns, rows = sweeps.write_summary(tmp_path / "sweep")
     assert "frames_dropped" in columns and rows[0]["frames_dropped"] == 5
     assert "frames_dropped" in (tmp_path / "sweep" / "summary.csv").read_text().splitlines()[0]
+
+
+def test_the_report_and_the_gpu_check_take_their_columns_from_the_catalog() -> None:
+    """Every report column has a title and decimals, in the table's order; the GPU check's
+    columns are declared metrics; the epoch curves are W&B's ``epoch/<key>``."""
+    from loaderbench.bench.render import pipeline_header
+    from loaderbench.metrics import BY_KEY, epoch_curves, gpu_check_columns, report_columns
+
+    columns = report_columns()
+    assert columns[0].key == "images_per_s"
+    assert all(m.report_title and m.report_decimals is not None for m in columns)
+    header = pipeline_header()
+    assert all(f"| {m.report_title} |" in header for m in columns)
+    assert header.index("| images/s |") < header.index("| vs FFCV |")
+    assert {"images_per_s", "data_wait_frac"} <= set(gpu_check_columns())
+    assert all(key in BY_KEY for key in gpu_check_columns())
+    curves = epoch_curves({"images_per_s": 10.0, "data_wait_frac": 0.5})
+    assert curves["epoch/data_wait_frac"] == 0.5 and curves["epoch/images_per_s"] == 10.0

@@ -9,9 +9,9 @@ import torch
 from omegaconf import OmegaConf
 from torch import nn
 
-from loaderbench.checkpoint import load_checkpoint, save_checkpoint
 from loaderbench.config import DeviceConfig, ModelConfig
 from loaderbench.models import ImageClassifier, build_model
+from loaderbench.run.checkpoint import load_checkpoint, save_checkpoint
 from loaderbench.runtime import UnsupportedSetting, resolve_device, resolve_precision
 
 

@@ -84,7 +84,7 @@ def session_config(tiny_root: Path, tmp_path: Path):
     from hydra.core.hydra_config import HydraConfig
     from omegaconf import OmegaConf, open_dict
 
-    import loaderbench.session  # noqa: F401  (registers the config schemas)
+    import loaderbench.run.session  # noqa: F401  (registers the config schemas)
 
     overrides = [f"dataset.root={tiny_root}", "logger=none", "device=cpu", "loader.batch_size=4"]
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
@@ -102,8 +102,8 @@ def test_the_straggler_line_is_written_once_however_the_run_ends(
 ) -> None:
     """A run preempted or interrupted (the usual end on a cluster) names its straggler too,
     from the per-rank figures of its epochs so far; once per run, as an ok run does."""
-    from loaderbench.session import open_session
-    from loaderbench.stopping import Preempted
+    from loaderbench.run.session import open_session
+    from loaderbench.run.stopping import Preempted
 
     stop = {"preempted": Preempted, "interrupted": KeyboardInterrupt}.get(end)
     with caplog.at_level("WARNING"):

@@ -32,14 +32,15 @@ from loaderbench.config import (
 )
 from loaderbench.loaders import loader_names, settings_class
 from loaderbench.loaders.settings import LoaderSettings, failed_checks
-from loaderbench.resume_rules import (
+from loaderbench.run.records import RUN_CONFIG_FILE
+from loaderbench.run.resume_rules import (
     MAY_DIFFER,
     MUST_MATCH,
     RESUME_RULES,
     changed_kept_keys,
     same_run,
 )
-from loaderbench.session import RUN_CONFIG_FILE, evict_page_cache, prepare_page_cache
+from loaderbench.run.session import evict_page_cache, prepare_page_cache
 from loaderbench.validation import ConfigError, validate_config
 from tests.conftest import folder_index, loader_folders, run_entry, single_run
 from tests.test_config import compose_cfg
@@ -180,7 +181,7 @@ def test_a_cold_run_evicts_the_folders_the_loader_declares(
     for name in ("a.bin", "b.bin", "store/c.bin"):
         (cache / name).write_bytes(b"x" * 100)
     memmap = settings_class("memmap")(name="memmap", cache_dir=str(cache))
-    caplog.set_level(logging.INFO, logger="loaderbench.session")
+    caplog.set_level(logging.INFO, logger="loaderbench.run.session")
     assert prepare_page_cache(BenchConfig(drop_page_cache=True), dataset, memmap) == "cold"
     assert _evicted(caplog) == images + 3
     caplog.clear()

@@ -11,7 +11,7 @@ import pytest
 
 from loaderbench.loaders import loader_names
 from loaderbench.loaders.base import epoch_permutation, shard_indices
-from loaderbench.session import skipped_counts, skipped_over_ranks
+from loaderbench.run.records import skipped_counts, skipped_over_ranks
 from loaderbench.synthetic import SyntheticSpec, ensure_synthetic
 from tests.conftest import folder_index, loader_folder_overrides, single_run, torchrun
 

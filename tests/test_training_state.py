@@ -14,13 +14,13 @@ import pytest
 import torch
 from torch import nn
 
-from loaderbench.checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from loaderbench.engine import TrainStep, blank_batch, train_one_epoch
-from loaderbench.fitting import PreemptionCheck, Training, load_training_state, training_state
 from loaderbench.loaders import Batch
 from loaderbench.meters import LoopMeter
+from loaderbench.run.checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
+from loaderbench.run.fitting import PreemptionCheck, Training, load_training_state, training_state
+from loaderbench.run.stopping import preemption_noted
 from loaderbench.runtime import PRECISIONS
-from loaderbench.stopping import preemption_noted
 from tests.test_loops import InMemoryLoader
 
 
@@ -159,7 +159,8 @@ def test_fp16_training_on_cuda_continues_exactly_through_a_checkpoint(tmp_path: 
     """fp16 steps with dropout on the GPU: the GradScaler and this device's generator come
     back from the checkpoint, so the steps after it are the ones an uninterrupted run takes."""
     batches = [
-        Batch(b.images.cuda(), b.labels.cuda()) for b in InMemoryLoader(6, classes=3).batches
+        Batch(b.images.cuda(), b.labels.cuda(), b.indices)
+        for b in InMemoryLoader(6, classes=3).batches
     ]
     torch.manual_seed(0)
     whole = training(torch.amp.GradScaler("cuda"), "fp16", "cuda")

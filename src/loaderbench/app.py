@@ -1,4 +1,4 @@
-"""What train.py and eval.py run: a session (``loaderbench.session``), a loader, a model, and
+"""What train.py and eval.py run: a session (``loaderbench.run.session``), a loader, a model, and
 the loop that ties them; every step returns its numbers and the task records them."""
 
 from __future__ import annotations
@@ -16,16 +16,16 @@ from omegaconf import DictConfig
 from torch import nn
 
 from loaderbench.autotune import evaluation_workload, settle_num_workers, training_workload
-from loaderbench.checkpoint import load_checkpoint
 from loaderbench.config import ModelConfig
 from loaderbench.engine import consume
-from loaderbench.fitting import evaluation_pass
-from loaderbench.fitting import fit as fit_epochs
 from loaderbench.loaders import Loader
 from loaderbench.meters import CpuWindow
 from loaderbench.models import NO_MODEL, build_model, maybe_compile
-from loaderbench.session import Session, open_session
-from loaderbench.stopping import Preempted, requeue
+from loaderbench.run.checkpoint import load_checkpoint
+from loaderbench.run.fitting import evaluation_pass
+from loaderbench.run.fitting import fit as fit_epochs
+from loaderbench.run.session import Session, open_session
+from loaderbench.run.stopping import Preempted, requeue
 
 log = logging.getLogger(__name__)
 
@@ -84,13 +84,14 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         config = session.config
         image_size = config.image_size
         model = build_model(config.model, session.dataset.num_classes, session.device)
-        settle_num_workers(session, training_workload(session, model, image_size))
-        with session.open_loader("train", train=True, image_size=image_size) as loader:
+        settings = settle_num_workers(session, training_workload(session, model, image_size))
+        with session.open_loader("train", settings, train=True, image_size=image_size) as loader:
             if model is None:
                 session.record(measure_loader(session, loader, config.bench.epochs))
                 session.record(epochs=config.bench.epochs)
             else:
-                with session.open_loader("val", train=False, image_size=image_size) as val_loader:
+                val = session.open_loader("val", settings, train=False, image_size=image_size)
+                with val as val_loader:
                     for epoch_metrics in fit_epochs(session, model, loader, val_loader):
                         session.record(epoch_metrics)
     return session.metrics
@@ -168,8 +169,8 @@ def evaluate_checkpoint(cfg: DictConfig) -> dict[str, Any]:
             session.record(model=trained.name, checkpoint=trained.checkpoint)
         bare = trained.model if trained is not None else None
         workload = evaluation_workload(session, bare, image_size, trained and trained.name)
-        settle_num_workers(session, workload)
-        with session.open_loader("val", train=False, image_size=image_size) as loader:
+        settings = settle_num_workers(session, workload)
+        with session.open_loader("val", settings, train=False, image_size=image_size) as loader:
             if trained is None:
                 session.record(measure_loader(session, loader, config.bench.epochs))
             else:

@@ -353,7 +353,7 @@ NAMED_MODELS = ("mobilenetv3_large_100", "resnet10t", "resnet18", "resnet50", "t
 def _run_stamp(default: str) -> str:
     """The run directory's last part: shared by every rank of one torchrun/SLURM launch, so
     they all write into one run directory; the time of day otherwise."""
-    from loaderbench.distributed import run_id
+    from loaderbench.run.distributed import run_id
 
     return run_id() or default
 

@@ -116,6 +116,7 @@ def blank_batch(image_size: int, device: torch.device) -> Batch:
     return Batch(
         torch.empty((0, 3, image_size, image_size), dtype=torch.uint8, device=device),
         torch.empty((0,), dtype=torch.int64, device=device),
+        torch.empty((0,), dtype=torch.int64),
     )
 
 
@@ -145,12 +146,14 @@ def train_one_epoch(
     stop: Callable[[int], bool] | None = None,
     epoch_loss: Average | None = None,
     blank: Batch | None = None,
+    trained: list[torch.Tensor] | None = None,
 ) -> float:
     """One pass of training; returns the epoch's mean loss. The loss is summed on the device
     and read every ``log_every`` steps (and at the end), nowhere else. ``stop(steps)``, asked
     after every step, ends the pass early (a preemption). ``epoch_loss``: the running mean to
     continue (an epoch resumed part-way). ``blank``: take exactly ``max_batches`` steps,
-    ``blank`` ones where the loader delivered fewer batches (``exactly``)."""
+    ``blank`` ones where the loader delivered fewer batches (``exactly``). ``trained``: gets
+    each step's batch's dataset indices (CPU tensors: no device read), for the ledger."""
     step.model.train()
     epoch_loss = Average() if epoch_loss is None else epoch_loss
     interval_sum: torch.Tensor | None = None  # on the device: sum of loss x images
@@ -175,6 +178,8 @@ def train_one_epoch(
     with progress(loader, desc) as bar:
         for batch in batches:
             loss = step(batch)
+            if trained is not None:
+                trained.append(batch.indices)
             n = batch.labels.shape[0]
             weighted = loss.float() * n
             interval_sum = weighted if interval_sum is None else interval_sum + weighted

@@ -1,51 +1,11 @@
 """Honest meters: data time apart from compute time, and the cost of the whole process tree.
 
-``LoopMeter`` wraps the main loop's iteration over a loader. It records, per batch, how long the
-loop was blocked waiting for the batch and the whole interval until the next one was asked for,
-so that
-
-* ``images_per_s`` counts only batches after ``warmup_batches`` and after the loader's head
-  start (start-up is reported apart, as ``ttfb_s``; see "The head start" below);
-* ``data_wait_frac`` is the share of that steady-state wall time spent blocked on the loader;
-* ``images_per_s_end_to_end`` is every image over the loop's whole wall time, start-up included.
-
-The head start. A loader decodes ahead of the loop: up to its queue depth (``queue_depth``:
-DataLoader's workers x per-worker prefetch, memmap's and spdl's batches in flight) batches,
-ready or under way. While the loop is not measuring (waiting for its first batch, stepping
-through the warm-up) the loader fills that queue; a window that opened right after the warm-up
-would then count those batches at the consumer's speed although their decoding happened before
-it opened. With a queue as deep as the epoch (32 workers on 31 batches) the whole epoch is
-decoded during start-up and the "steady state" is the model alone. So the window opens only once
-the head start is consumed: ``warmup_batches + queue_depth`` batches into the first loop, and
-no earlier than the first batch after that the loop had to wait for (the queue ran dry: every
-batch after it was made inside the window). The loader may have kept ahead while the loop took
-its early batches, and the loop's end drains the queue, so without that a first epoch a little
-longer than the head start still credits up to a queue of batches made before the window. A
-loop that never waits has a loader ahead of it throughout; its window counts where it spans
-``AHEAD_WINDOW_DEPTHS`` queue depths (at most a twentieth credited). A later loop
-(epoch) opens its window at once, its first batch's wait included, as the loader starts it
-empty; where a loader keeps working between loops (a persistent SPDL pipeline decodes the next
-epoch during validation, memmap's reading threads read its first batches ahead:
-``queued_at_start``) that loop skips those batches too, and, as the first loop, opens its
-window only where the queue first runs dry (the loader refills it while the loop takes the
-ready batches). A queue deeper
-than the run leaves no batch to measure: the window then spans every loop that has one (the
-next epochs), and where none has, ``images_per_s`` is the end-to-end rate (``steady_batches``
-is 0). Producing the queue cannot be charged instead: the loop never sees when a batch was made.
-
-On CUDA the host runs ahead of the device, and the meter does not make it wait every step
-(that would keep the next batch's copy and decode from overlapping the current step, and make
-every loader look alike). It drains the device (``window_sync``) twice an epoch, where the
-measured window opens (after the warm-up batches) and where it closes, so the steady-state
-time is the device's as well as the host's; inside the window ``data_wait_frac`` is the share
-of the host's time spent blocked on the loader. A loader that keeps up leaves the host
-waiting on the device instead (at the loop's periodic loss reads, or when CUDA's launch queue
-is full), and its wait is near 0; one that does not shows up as wait. ``sync`` (per step,
-``bench.sync_cuda=true``) restores the old per-step breakdown at the cost of that overlap.
-
-``ProcessTreeMonitor`` samples this process and all its descendants (DataLoader workers, SPDL
-has none) for CPU time and resident memory (proportional set size, so pages shared between
-forked workers count once); W&B's own service process is left out.
+``LoopMeter`` times the loop's waits for batches apart from the rest of each step, in a window
+that opens only once the loader's head start (what it decoded ahead while the loop was not
+measuring) is consumed, or a deep queue would be credited with speed it does not have; on CUDA
+it drains the device only where the window opens and closes, so steps still overlap the next
+batch's work. ``ProcessTreeMonitor`` samples the CPU time and memory of the whole process tree
+(workers included). The whole rule and why: docs/metrics.md, "The head start is not counted".
 """
 
 from __future__ import annotations
@@ -62,7 +22,7 @@ import psutil
 from torch.utils.data import DataLoader
 
 from loaderbench.gil_probe import GilProbe, gil_frac
-from loaderbench.stopping import raise_if_stop_requested
+from loaderbench.run.stopping import raise_if_stop_requested
 
 Sync = Callable[[], None]
 

@@ -40,6 +40,12 @@ class Metric:
     derive: Callable[[Mapping[str, Any]], Any] | None = None
     per_rank: bool = False  # also kept by rank, as ``rank_<key>`` (data-parallel runs)
     report_decimals: int | None = None  # decimals in the benchmark report's tables
+    # A column of the benchmark report's pipeline table (``report_columns``), with this title.
+    report_title: str | None = None
+    # Drawn per epoch in W&B, as ``epoch/<key>`` (train.py's epoch rows: ``epoch_curves``).
+    epoch_curve: bool = False
+    # A column of the GPU check's job tables (``gpu_check_columns``).
+    gpu_check: bool = False
 
 
 def _per_1k(metrics: Mapping[str, Any]) -> float | None:
@@ -65,6 +71,9 @@ METRICS: tuple[Metric, ...] = (
         epoch_summary="mean,last",
         per_rank=True,
         report_decimals=1,
+        report_title="images/s",
+        epoch_curve=True,
+        gpu_check=True,
     ),
     Metric(
         "images_per_s_end_to_end",
@@ -72,6 +81,7 @@ METRICS: tuple[Metric, ...] = (
         "sum",
         summary=True,
         epoch_summary="mean,last",
+        epoch_curve=True,
     ),
     Metric("steady_batches", "batches images_per_s counts (0: none; rank 0's)", summary=True),
     Metric(
@@ -80,6 +90,8 @@ METRICS: tuple[Metric, ...] = (
         "max",
         summary=True,
         report_decimals=2,
+        report_title="ttfb s",
+        gpu_check=True,
     ),
     Metric(
         "data_wait_frac",
@@ -89,6 +101,9 @@ METRICS: tuple[Metric, ...] = (
         chart="data wait (share of the loop)",
         per_rank=True,
         report_decimals=3,
+        report_title="data wait",
+        epoch_curve=True,
+        gpu_check=True,
     ),
     Metric(
         "slowest_rank_data_wait_frac",
@@ -113,6 +128,8 @@ METRICS: tuple[Metric, ...] = (
         derive=_per_1k,
         per_rank=True,
         report_decimals=2,
+        report_title="CPU s / 1k images",
+        gpu_check=True,
     ),
     Metric(
         "slowest_rank",
@@ -128,6 +145,7 @@ METRICS: tuple[Metric, ...] = (
         "sum",
         summary=True,
         per_rank=True,
+        gpu_check=True,
     ),
     # Each rank's own only (``rank_cpus``): what its loader could use, beside its data wait.
     Metric("cpus", "the CPUs a rank may use (runtime.cpus_allowed)", digits=None, per_rank=True),
@@ -137,6 +155,9 @@ METRICS: tuple[Metric, ...] = (
         summary=True,
         digits=None,
         per_rank=True,
+        # A decoder that fails on every image (a library that loads but cannot decode
+        # there) shows up in the GPU check here.
+        gpu_check=True,
     ),
     Metric(
         "dataset_index_check",
@@ -174,6 +195,43 @@ BY_KEY: dict[str, Metric] = {metric.key: metric for metric in METRICS}
 def summary_keys() -> list[str]:
     """The sweep summary's metric columns, in declaration order."""
     return [metric.key for metric in METRICS if metric.summary]
+
+
+def report_columns() -> list[Metric]:
+    """The benchmark report's figures of a pipeline, in the order of its table: the rate
+    first (the columns computed from it follow it there), then the costs."""
+    order = ("images_per_s", "cpu_s_per_1k_images", "data_wait_frac", "ttfb_s")
+    columns = [BY_KEY[key] for key in order]
+    assert {m.key for m in METRICS if m.report_title} == set(order), "a report column unplaced"
+    return columns
+
+
+def gpu_check_columns() -> list[str]:
+    """The figures a row of the GPU check's job tables shows (from each job's
+    metrics.json), in declaration order."""
+    return [metric.key for metric in METRICS if metric.gpu_check]
+
+
+def epoch_curves(rates: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``epoch/<key>`` values of an epoch's W&B row, from its loop metrics ``rates``."""
+    return {f"epoch/{m.key}": rates.get(m.key) for m in METRICS if m.epoch_curve}
+
+
+def rates_text(rates: Mapping[str, Any]) -> str:
+    """A loop's rate and data wait in words (a log line), with the slowest rank's wait in a
+    data-parallel run; an unmeasured rate reads as 0."""
+    wait = 100 * (rates.get("data_wait_frac") or 0.0)
+    text = f"{rates.get('images_per_s') or 0.0:.1f} images/s, data wait {wait:.1f}%"
+    slowest = rates.get("slowest_rank")
+    if slowest is None:
+        return text
+    return f"{text} (slowest rank {slowest}: {100 * rates['slowest_rank_data_wait_frac']:.1f}%)"
+
+
+def loop_rates() -> list[str]:
+    """The loop's rates, which a run that has none yet (stopped before its loop) holds as
+    None: the metrics drawn per epoch."""
+    return [metric.key for metric in METRICS if metric.epoch_curve]
 
 
 def charted() -> dict[str, str]:

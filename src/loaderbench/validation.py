@@ -67,17 +67,3 @@ def validate_against_dataset(
             + (f" over {ranks} ranks" if ranks > 1 else "")
             + ") and training drops the last partial batch; lower loader.batch_size"
         )
-
-
-def per_rank_batch(global_batch: int, saved_ranks: int, ranks: int) -> int:
-    """The per-rank batch of a job resumed on ``ranks`` ranks from a checkpoint taken on
-    ``saved_ranks`` with ``global_batch`` images a step: the global batch is kept (the
-    schedule's steps and each step's images are the run's), so ``ranks`` must divide it."""
-    if global_batch % ranks:
-        raise ConfigError(
-            f"checkpoint taken on {saved_ranks} ranks with a global batch of {global_batch} "
-            f"({saved_ranks} x loader.batch_size={global_batch // saved_ranks}) cannot resume "
-            f"on {ranks} ranks: {ranks} does not divide {global_batch}; resume on a number of "
-            f"ranks that divides {global_batch} (torchrun --nproc-per-node/--nnodes, SLURM tasks)"
-        )
-    return global_batch // ranks

@@ -30,7 +30,7 @@ from loaderbench.autotune.rung import ProbeRow
 from loaderbench.data import resolve_path
 from loaderbench.loaders import LoaderSpec
 from loaderbench.locking import atomic_write_text
-from loaderbench.session import Session
+from loaderbench.run.session import Session
 
 log = logging.getLogger(__name__)
 
@@ -105,7 +105,7 @@ def decision_key(
     split (its name, size and fingerprint: files added, removed, resized or touched), image
     and batch size, augmentation, device, precision, world size and task."""
     config = session.config
-    settings = dataclasses.asdict(config.loader)
+    settings = dataclasses.asdict(spec.settings)
     settings.pop("num_workers")
     settings["autotune"].pop("refresh")
     key = {

@@ -8,7 +8,6 @@ import logging
 import time
 from typing import Any
 
-from loaderbench import distributed
 from loaderbench.autotune.model_step import random_states_untouched
 from loaderbench.autotune.policy import climb, worker_ladder
 from loaderbench.autotune.rung import ProbeRow, Window, measure_rung, over_ranks, with_workers
@@ -16,6 +15,7 @@ from loaderbench.autotune.workload import Workload
 from loaderbench.loaders import prepare_loader
 from loaderbench.loaders.settings import AutotuneSettings
 from loaderbench.meters import ProcessTreeMonitor
+from loaderbench.run import distributed
 from loaderbench.runtime import set_intra_op_threads
 
 log = logging.getLogger(__name__)

@@ -18,10 +18,10 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from loaderbench import distributed
 from loaderbench.gil_probe import gil_frac
 from loaderbench.loaders import Batch, Loader, LoaderSpec, build_loader
 from loaderbench.meters import LoopMeter, ProcessTreeMonitor
+from loaderbench.run import distributed
 from loaderbench.runtime import synchronizer
 
 # The first epoch the probe reads: far from any run's, so the run's own epochs (their order and

@@ -1,6 +1,6 @@
 """The entry point train.py and eval.py call: ``settle_num_workers`` turns
 ``loader.num_workers=auto`` into a count, remembered (``decisions``) or probed (``probe``),
-and adopts it."""
+and returns the loader's settings with it (the run's config is not rewritten)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ import logging
 import time
 from pathlib import Path
 
-from loaderbench import distributed
 from loaderbench.autotune.decisions import (
     FILE_PREFIX,
     Decision,
@@ -23,8 +22,10 @@ from loaderbench.autotune.memory import memory_apart
 from loaderbench.autotune.policy import choose
 from loaderbench.autotune.probe import prepare_splits, probe
 from loaderbench.autotune.workload import Workload
+from loaderbench.loaders import LoaderSettings
+from loaderbench.run import distributed
+from loaderbench.run.session import Session, evict_page_cache
 from loaderbench.runtime import cpus_allowed, set_intra_op_threads
-from loaderbench.session import Session, evict_page_cache
 
 log = logging.getLogger(__name__)
 
@@ -42,16 +43,17 @@ def job_cpus(own: int) -> int:
     return max(1, int(fewest))
 
 
-def settle_num_workers(session: Session, workload: Workload) -> None:
-    """``loader.num_workers=auto``: the count remembered for this key, or probed (and then
-    remembered), is written into the run's config (``session.config.loader``), with torch's
-    intra-op threads set for it; the probe's figures are recorded. Then, with
-    ``bench.drop_page_cache=true``, the files the probe read are evicted
-    (``session.prepare_page_cache`` left that to here), so the run starts as cold as a pinned
-    count's. Nothing for a count given as a number."""
-    settings = session.config.loader
+def settle_num_workers(session: Session, workload: Workload) -> LoaderSettings:
+    """The loader's settings the run builds its loaders with: ``session.loader`` as it is for
+    a count given as a number; for ``loader.num_workers=auto``, with the count remembered for
+    this key, or probed (and then remembered), torch's intra-op threads set for it and the
+    probe's figures recorded. Then, with ``bench.drop_page_cache=true``, the files the probe
+    read are evicted (``session.prepare_page_cache`` left that to here), so the run starts as
+    cold as a pinned count's."""
+    settings = session.loader
+    assert settings is not None  # the session sets it
     if not settings.auto_workers:
-        return
+        return settings
     started = time.perf_counter()
     own = cpus_allowed()
     cpus = job_cpus(own)  # a collective: every rank, before anything that differs by rank
@@ -79,6 +81,7 @@ def settle_num_workers(session: Session, workload: Workload) -> None:
     log_decision(decision, reused, path)
     if session.config.bench.drop_page_cache:
         evict_page_cache(session.dataset, settings.folders())
+    return dataclasses.replace(settings, num_workers=decision.num_workers)
 
 
 def probe_and_choose(session: Session, workload: Workload, cpus: int, started: float) -> Decision:
@@ -95,13 +98,10 @@ def probe_and_choose(session: Session, workload: Workload, cpus: int, started: f
 
 
 def adopt(session: Session, decision: Decision, reused: bool) -> None:
-    # Into the run's one config: whatever reads it from here on sees the count, not "auto".
-    config = session.config
-    config.loader = dataclasses.replace(config.loader, num_workers=decision.num_workers)
-    session.record(set_intra_op_threads(config.runtime.threads, decision.num_workers))
+    """The count's intra-op threads set; the count and the probe recorded (once)."""
+    session.record(set_intra_op_threads(session.config.runtime.threads, decision.num_workers))
     session.record(
         num_workers=decision.num_workers,
-        num_workers_auto=True,
         autotune_reused=reused,
         autotune_probe=decision.probe,
         # What each rank adopted (one count, broadcast from rank 0).

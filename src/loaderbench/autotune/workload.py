@@ -10,7 +10,7 @@ from torch import nn
 
 from loaderbench.autotune.model_step import ModelStep, model_step
 from loaderbench.loaders import LoaderSpec
-from loaderbench.session import Session
+from loaderbench.run.session import Session
 
 
 @dataclass(frozen=True)

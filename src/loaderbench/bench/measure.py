@@ -53,6 +53,7 @@ from loaderbench.bench.render_cores import add_gpu_options, checked_gpu_options
 from loaderbench.bench.schema import AutoRow, GpuModelRate, Machine, Options, Report, Row
 from loaderbench.bench.stores import measure_stores
 from loaderbench.loaders import loader_names, settings_class
+from loaderbench.metrics import report_columns
 from loaderbench.synthetic import SyntheticSpec, ensure_synthetic
 
 REPO = Path(__file__).resolve().parents[3]
@@ -212,10 +213,7 @@ def loader_rows(task: str, runs: list[dict[str, str]], limits: Limits) -> list[R
                 pipeline=task,
                 name=run["loader"],
                 workers=int(run["num_workers"]),
-                images_per_s=number(run.get("images_per_s")),
-                cpu_s_per_1k_images=number(run.get("cpu_s_per_1k_images")),
-                data_wait_frac=number(run.get("data_wait_frac")),
-                ttfb_s=number(run.get("ttfb_s")),
+                **{m.key: number(run.get(m.key)) for m in report_columns()},
                 note=row_note(run),
                 kind="loader",
                 **held_to(bounds, limits),

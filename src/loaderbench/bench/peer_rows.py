@@ -22,6 +22,7 @@ from loaderbench.bench.schema import (
     Options,
     Row,
 )
+from loaderbench.metrics import report_columns
 
 # A limit's images/s by the kind of work it bounds (schema.LIMIT_NAMES' keys).
 Limits = dict[str, float]
@@ -62,16 +63,8 @@ def _measure_once(loader: Any, epochs: int) -> dict[str, Any]:
 
 def measured_row(task: str, name: str, workers: int, result: dict[str, Any], **kwargs: Any) -> Row:
     """A row of a pipeline timed in this process (``kwargs``: its bounds and limit, a note)."""
-    return Row(
-        task,
-        name,
-        workers,
-        result["images_per_s"],
-        result["cpu_s_per_1k_images"],
-        result["data_wait_frac"],
-        result["ttfb_s"],
-        **kwargs,
-    )
+    figures = {metric.key: result[metric.key] for metric in report_columns()}
+    return Row(task, name, workers, **figures, **kwargs)
 
 
 def classic_rows(opts: Options, split: Any, task: str, limits: Limits) -> list[Row]:

@@ -27,7 +27,7 @@ from loaderbench.bench.schema import (
     Row,
     StoreRow,
 )
-from loaderbench.metrics import report_cell
+from loaderbench.metrics import report_cell, report_columns
 
 REPO = Path(__file__).resolve().parents[3]
 # The FFCV store a row is held against: stored pixels for the readers of stored pixels, the
@@ -233,9 +233,8 @@ def pipeline_lines(rows: list[Row]) -> list[str]:
         "",
         share_text(rows),
         "",
-        "| pipeline | loader | workers | images/s | share of limit | limit | vs DALI | vs FFCV "
-        "| CPU s / 1k images | data wait | ttfb s | note |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        pipeline_header(),
+        "|---" * (len(report_columns()) + 8) + "|",
         *(
             pipeline_line(
                 row,
@@ -247,18 +246,21 @@ def pipeline_lines(rows: list[Row]) -> list[str]:
     ]
 
 
+def pipeline_header() -> str:
+    """The pipelines table's titles: the catalog's report columns (``report_columns``), the
+    rate's share of its limit and the ratios to the peers after the rate."""
+    rate, *costs = (metric.report_title for metric in report_columns())
+    titles = ["pipeline", "loader", "workers", rate, "share of limit", "limit", "vs DALI"]
+    return "| " + " | ".join([*titles, "vs FFCV", *costs, "note"]) + " |"  # type: ignore[list-item]
+
+
 def pipeline_line(row: Row, dali: Row | None = None, ffcv: Row | None = None) -> str:
     vs_dali = f"{_rate(row) / _rate(dali):.2f}x" if dali and row.images_per_s else "-"
     vs_ffcv = f"{_rate(row) / _rate(ffcv):.2f}x" if ffcv and row.images_per_s else "-"
-    return (
-        f"| {row.pipeline} | {row.name} | {_fmt(row.workers)} | "
-        f"{report_cell('images_per_s', row.images_per_s)} | "
-        f"{_fmt(row.share and 100 * row.share)}{'%' if row.share else ''} | "
-        f"{row.limit_name or '-'} | {vs_dali} | {vs_ffcv} | "
-        f"{report_cell('cpu_s_per_1k_images', row.cpu_s_per_1k_images)} | "
-        f"{report_cell('data_wait_frac', row.data_wait_frac)} | "
-        f"{report_cell('ttfb_s', row.ttfb_s)} | {row.note} |"
-    )
+    rate, *costs = (report_cell(m.key, getattr(row, m.key)) for m in report_columns())
+    share = f"{_fmt(row.share and 100 * row.share)}{'%' if row.share else ''}"
+    cells = [row.pipeline, row.name, _fmt(row.workers), rate, share, row.limit_name or "-"]
+    return "| " + " | ".join([*cells, vs_dali, vs_ffcv, *costs, row.note]) + " |"
 
 
 def ratio_lines(report: Report) -> list[str]:

@@ -1,7 +1,8 @@
 """The one interface every loader implements, and the registry that picks one by name.
 
-A loader is built for one split and yields, per epoch, ``Batch(images, labels)``: uint8 NCHW
-images at the model's input size and int64 labels, both already on the target device.
+A loader is built for one split and yields, per epoch, ``Batch(images, labels, indices)``: uint8
+NCHW images at the model's input size and int64 labels, both already on the target device, and
+the images' dataset indices (int64, on the CPU), which the training loop counts (the ledger).
 Normalisation is not the loader's job (the model wrapper does it on the device), so all loaders
 hand over the same kind of batch and the comparison between them is fair.
 """
@@ -18,6 +19,7 @@ import torch
 
 from loaderbench.data import Split
 from loaderbench.loaders.settings import LoaderSettings
+from loaderbench.run.resumed import ResumedEpoch
 from loaderbench.transforms import RRC_RATIO, RRC_SCALE, seeded_crops
 
 log = logging.getLogger(__name__)
@@ -28,16 +30,9 @@ Sizes = Sequence[int] | torch.Tensor
 class Batch(NamedTuple):
     images: torch.Tensor  # uint8, (N, 3, H, W), on the target device
     labels: torch.Tensor  # int64, (N,), on the target device
-
-
-@dataclass(frozen=True, eq=False)
-class ResumedEpoch:
-    """The epoch a job resumed on another number of ranks continues: ``done`` marks the
-    places of the epoch's global order (``epoch_permutation``) that the job had gone through
-    before it stopped, on every rank. The rest is shared out among the ranks now."""
-
-    epoch: int
-    done: torch.Tensor  # bool, one per place of the order
+    # int64, (N,), on the CPU: the split's indices of the images, row by row. What the run's
+    # sample ledger counts (what the steps had, observed: not the order the loader planned).
+    indices: torch.Tensor
 
 
 @dataclass(frozen=True)
@@ -204,18 +199,6 @@ class Loader(abc.ABC):
         # This run's path: a loader reading a cache built from a copy names the file here.
         log.warning("skipping unreadable image %s: %s", self.spec.split.paths[index], error)
 
-    def trained_indices(self) -> torch.Tensor:
-        """The images (indices of the split) of this rank's order that the iteration under
-        way has gone through (up to ``position``), less the files skipped as unreadable:
-        what the training steps had. Batches carry no indices; every loader serves the
-        spec's order batch by batch, and leaves out only the files it skipped."""
-        order = self.spec.epoch_order(self.epoch, self.start_batch)
-        taken = order[: (self.position - self.start_batch) * self.spec.batch_size]
-        if not self._skipped:
-            return taken
-        skipped = torch.tensor(sorted(self._skipped), dtype=taken.dtype)
-        return taken[~torch.isin(taken, skipped)]
-
     def skipped_indices(self) -> frozenset[int]:
         """The files of the split (indices) this loader was to deliver, in the epochs served so
         far, and skipped as unreadable: each once, however many epochs met it. The session
@@ -287,6 +270,7 @@ def to_device(batch: Batch, device: torch.device, non_blocking: bool) -> Batch:
     return Batch(
         batch.images.to(device, non_blocking=non_blocking),
         batch.labels.to(device, non_blocking=non_blocking),
+        batch.indices,  # stays on the CPU: the ledger counts it there, no device read
     )
 
 

@@ -24,7 +24,7 @@ from loaderbench.locking import kinds
 from loaderbench.locking.kinds import Held, LockKindError
 from loaderbench.locking.lockfile import acquire_lockfile
 from loaderbench.locking.posix import acquire_posix
-from loaderbench.stopping import critical_section
+from loaderbench.run.stopping import critical_section
 
 __all__ = [
     "FileLock",

@@ -47,8 +47,8 @@ from loaderbench.decoded_by import counting
 from loaderbench.images import load_rgb, read_rgb
 from loaderbench.loaders.base import stop_workers
 from loaderbench.loaders.memmap.settings import Settings
+from loaderbench.run.stopping import raise_if_stop_requested
 from loaderbench.splits import Split
-from loaderbench.stopping import raise_if_stop_requested
 from loaderbench.transforms import pil_val_transform
 
 # Images a build worker decodes per task: small enough for a lively progress bar.

@@ -57,8 +57,8 @@ from loaderbench.loaders.memmap.build import (
 from loaderbench.loaders.memmap.store_jpeg import JpegCache, JpegStore
 from loaderbench.loaders.memmap.store_raw import ImageCache, RawStore
 from loaderbench.locking import FileLock, LockKindError, SharedHold, atomic_write_text
+from loaderbench.run.stopping import critical_section
 from loaderbench.splits import SPLITS, Split
-from loaderbench.stopping import critical_section
 
 log = logging.getLogger(__name__)
 

@@ -1,39 +1,11 @@
 """``loader=memmap``: whole batches gathered from a decoded uint8 cache on disk, then augmented.
 
-The approach of the tensordict tutorial "Batched data loading with tensorclasses", made to be
-relied on and faster:
-
-* the cache (``cache.py`` beside this module) is built once, in parallel, atomically, and reused
-  by every later run with the same files and settings;
-* an epoch is the shared seeded order (``epoch_permutation``) cut into this rank's batches;
-  a batch is one gather from the memory-mapped images: numpy's ``take`` into a reused buffer,
-  a memcpy per image: faster than indexing the TensorClass (``data[idx]``, advanced indexing
-  per field) and steadier than ``torch.index_select``, whose intra-op threads stall when the
-  cores are busy (docs/measurements.md, "memmap: the gather");
-* ``num_workers`` threads prepare ``prefetch`` batches ahead (in total), so reading overlaps
-  the model's step (the gather and the resize release the GIL); 0 reads in the caller. The
-  threads serve the whole run and read ahead into the next epoch (``reading``);
-* train batches get a random-resized crop (a different box per image, sampled inside each
-  image's true size) and a flip, where the batch is. On the CPU nothing is gathered: the
-  reading threads resize each box straight from its memory-mapped row into the batch (uint8,
-  channels-last NCHW; ``crop_resize_flip_rows``: the batch in one call that holds no GIL), so
-  only the boxes' lines are read, at the cost of the resize itself (the crop-and-resize limit,
-  ``loaderbench.bench.limits``). On CUDA
-  the reading thread gathers the rows, copies them pinned and non-blocking and crops the whole
-  batch in a few kernels (``device_resize.resize_boxes``: the CPU's antialiased filter as two
-  batched matmuls, its pixels within 1 grey level), all on the thread's own stream
-  (``device_work``). Val batches are stored exactly as the reference pipeline makes them and
-  need nothing but the gather (and, on CUDA, the thread's copy);
-* a ``store=jpeg`` batch is decoded by one batched call in the reading threads on the CPU, or on
-  CUDA by each reading thread's own batched nvJPEG decoder (``loaderbench.decode``, the spdl
-  loader's decoder) and resized as one batch on the thread's stream (``resize_images``). A
-  train image's box is drawn in the stored image's coordinates before it is decoded, and only
-  the box is decoded (where the backend decodes regions), then resized: the same pixels as a
-  whole decode cut to the box.
-
-The gather writes straight into buffers from a bounded pool (``loaderbench.buffers``), pinned
-on CUDA; tensordict's ``pin_memory()`` would copy an already gathered batch once more, so
-plain tensors and a non-blocking copy serve better.
+The tensordict tutorial's "Batched data loading with tensorclasses", made to be relied on and
+faster: the cache (``cache``) is built once, atomically, and reused; a batch is one gather from
+the memory-mapped store into a pooled buffer (numpy's ``take``: steadier than ``index_select``
+on busy cores) or, for a raw train batch on the CPU, each box resized straight from its row;
+reading threads (``reading``) work ahead through the run. How each store and device makes its
+batch, and the measurements behind it: docs/loaders.md, "How a batch is made".
 """
 
 from __future__ import annotations
@@ -82,6 +54,7 @@ class _Gathered:
     labels: torch.Tensor
     ready: torch.cuda.Event | None = None
     decoded_by: dict[str, int] | None = None  # a jpeg store's images, by decoding library
+    indices: torch.Tensor | None = None  # the images' dataset indices (CPU), set by ``_read``
 
 
 def _regions(boxes: torch.Tensor | None, count: int) -> list[Box | None]:
@@ -206,12 +179,19 @@ class MemmapLoader(Loader):
         loop's thread when asked)."""
         return self.batches_in_flight() if self.spec.num_workers > 0 else 0
 
-    def _gather(self, epoch: int, indices: torch.Tensor) -> _Gathered | None:
-        """Read one batch (runs in a reading thread); None when all its files were skipped."""
+    def _read(self, epoch: int, indices: torch.Tensor) -> _Gathered | None:
+        """Read one batch of the order (runs in a reading thread), less the files the cache
+        was built without; None when all its files were."""
         if self._valid is not None:
             indices = indices[self._valid[indices]]
             if not len(indices):
                 return None
+        gathered = self._gather(epoch, indices)
+        gathered.indices = indices
+        return gathered
+
+    def _gather(self, epoch: int, indices: torch.Tensor) -> _Gathered:
+        """Read the images ``indices``, every one in the cache."""
         if self._jpeg:
             with counting() as counts:
                 gathered = self._decode(epoch, indices)
@@ -342,7 +322,8 @@ class MemmapLoader(Loader):
         device = self.spec.device
         images = self._gather_pool.to_device(gathered.images, device)
         labels = self._label_pool.to_device(gathered.labels, device)
-        return Batch(images, labels)
+        assert gathered.indices is not None, "a batch is read by ``_read``"
+        return Batch(images, labels, gathered.indices)
 
     def _account(self, indices: torch.Tensor) -> None:
         """Count, and name once, the files of a batch that the cache was built without (as
@@ -367,7 +348,7 @@ class MemmapLoader(Loader):
     def _iterate(self, epoch: int, batches: list[torch.Tensor]) -> Iterator[Batch]:
         if self.spec.num_workers == 0:
             for indices in batches:
-                gathered = self._gather(epoch, indices)
+                gathered = self._read(epoch, indices)
                 self._account(indices)
                 self.position += 1  # a batch of files the cache was built without: left out
                 if gathered is not None:
@@ -391,7 +372,7 @@ class MemmapLoader(Loader):
                 self._reading = ReadingThreads(
                     self.spec.num_workers,
                     self.batches_in_flight(),
-                    self._gather,
+                    self._read,
                     self.spec.epoch_batches,
                 )
             return self._reading

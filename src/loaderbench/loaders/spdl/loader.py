@@ -67,7 +67,13 @@ from loaderbench.loaders.base import (
 )
 from loaderbench.loaders.spdl.decoders import ImageDecoder, build_decoder
 from loaderbench.loaders.spdl.geometry import Geometry
-from loaderbench.loaders.spdl.records import DecodedBatch, Failure, Sample
+from loaderbench.loaders.spdl.records import (
+    DecodedBatch,
+    Failure,
+    Sample,
+    delivered,
+    row_indices,
+)
 from loaderbench.loaders.spdl.settings import Settings
 from loaderbench.loaders.spdl.stats import (
     PipelineStats,
@@ -188,12 +194,13 @@ class SpdlLoader(Loader):
     def _decode(self, samples: Sequence[Sample]) -> DecodedBatch:
         with counting() as counts:  # in the pool thread: the batch carries its counts
             batch = self.decoder.decode_batch(samples, self.buffers)
-        return batch._replace(decoded_by=counts)
+        return batch._replace(decoded_by=counts, indices=row_indices(samples, batch))
 
     def _to_device(self, batch: Any) -> DecodedBatch:
         with counting() as counts:  # nvjpeg decodes here
             moved = self.decoder.to_device(batch, self.buffers)
-        return moved._replace(decoded_by=add_counts(dict(batch.decoded_by or {}), counts))
+        decoded_by = add_counts(dict(batch.decoded_by or {}), counts)
+        return moved._replace(decoded_by=decoded_by, indices=batch.indices)
 
     def build_pipeline(self, epoch: int) -> Pipeline[DecodedBatch]:
         """A pipeline serving ``epoch`` and, when persistent, the epochs after it."""
@@ -277,7 +284,8 @@ class SpdlLoader(Loader):
 
     def _hand_over(self, batch: DecodedBatch) -> Batch:
         hand_over(batch.ready, batch.images, batch.labels)  # made on a side stream
-        return Batch(batch.images, batch.labels)
+        assert batch.indices is not None, "every batch passes ``_decode``"
+        return Batch(batch.images, batch.labels, delivered(batch.indices, batch.failures))
 
     def __iter__(self) -> Iterator[Batch]:
         epoch = self.epoch

@@ -4,6 +4,7 @@ on."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
@@ -50,6 +51,8 @@ class DecodedBatch(NamedTuple):
     ready: torch.cuda.Event | None = None
     # The images of this batch by the library that decoded them (``loaderbench.decoded_by``).
     decoded_by: dict[str, int] | None = None
+    # The dataset indices of the batch's rows, the failures' among them (``row_indices``).
+    indices: torch.Tensor | None = None
 
 
 class ReadBatch(NamedTuple):
@@ -61,6 +64,27 @@ class ReadBatch(NamedTuple):
     staged_labels: list[int]
     failures: list[Failure]
     decoded_by: dict[str, int] | None = None  # the staged files', by library
+    indices: torch.Tensor | None = None  # as ``DecodedBatch.indices``
+
+
+def row_indices(samples: Sequence[Sample], batch: DecodedBatch | ReadBatch) -> torch.Tensor:
+    """The dataset indices of ``batch``'s rows as its decoder fills them, the files that
+    failed so far left in (the consumer takes out every failure, some known only later): in
+    the samples' order, but nvjpeg's batch puts its JPEGs first and the staged files after."""
+    order = [sample.index for sample in samples]
+    if isinstance(batch, ReadBatch):
+        jpegs = [opened.sample.index for opened, _ in batch.jpegs]
+        first = set(jpegs)
+        order = jpegs + [index for index in order if index not in first]
+    return torch.tensor(order, dtype=torch.int64)
+
+
+def delivered(indices: torch.Tensor, failures: Sequence[Failure]) -> torch.Tensor:
+    """``indices`` less the files that failed: the rows of the batch handed over."""
+    if not failures:
+        return indices
+    failed = torch.tensor([failure.index for failure in failures], dtype=torch.int64)
+    return indices[~torch.isin(indices, failed)]
 
 
 def is_encoded(opened: Opened) -> bool:
@@ -68,4 +92,13 @@ def is_encoded(opened: Opened) -> bool:
     return isinstance(opened.payload, torch.Tensor) and opened.payload.dim() == 1
 
 
-__all__ = ["DecodedBatch", "Failure", "Opened", "ReadBatch", "Sample", "is_encoded"]
+__all__ = [
+    "DecodedBatch",
+    "Failure",
+    "Opened",
+    "ReadBatch",
+    "Sample",
+    "delivered",
+    "is_encoded",
+    "row_indices",
+]

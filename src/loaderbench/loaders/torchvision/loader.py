@@ -86,29 +86,36 @@ class ImageFileDataset(Dataset):
         with counting() as counts:
             items = CountedItems(self[key] for key in keys)
         items.decoded_by = counts
+        items.indices = [key[0] if isinstance(key, tuple) else key for key in keys]
         return items
 
 
 class CountedItems(list):
-    """A batch's items and how many images each library decoded (``loaderbench.decoded_by``)."""
+    """A batch's items, how many images each library decoded (``loaderbench.decoded_by``)
+    and the dataset indices they were read for."""
 
     decoded_by: dict[str, int] | None = None
+    indices: list[int] | None = None
 
 
 def collate_skipping(
-    items: Sequence[tuple[torch.Tensor, int] | tuple[None, tuple[int, str]]],
-) -> tuple[torch.Tensor, torch.Tensor, list[tuple[int, str]], dict[str, int]]:
-    """Stack the readable items; (index, error) of unreadable ones, and the images by the
-    library that decoded them, travel with the batch (from the worker process)."""
-    good = [(image, label) for image, label in items if image is not None]
+    items: CountedItems,
+) -> tuple[Batch, list[tuple[int, str]], dict[str, int]]:
+    """Stack the readable items into a batch with their dataset indices; (index, error) of
+    unreadable ones, and the images by the library that decoded them, travel with the batch
+    (from the worker process)."""
+    keys = items.indices or []
+    good = [(image, label, key) for (image, label), key in zip(items, keys, strict=True)]
+    good = [item for item in good if item[0] is not None]
     failed = [failure for image, failure in items if image is None]
-    counts = dict(getattr(items, "decoded_by", None) or {})
+    counts = dict(items.decoded_by or {})
+    indices = torch.tensor([key for _, _, key in good], dtype=torch.int64)
     if not good:
         empty = torch.empty(0, dtype=torch.uint8), torch.empty(0, dtype=torch.int64)
-        return *empty, failed, counts
-    images = torch.stack([image for image, _ in good])
-    labels = torch.tensor([label for _, label in good], dtype=torch.int64)
-    return images, labels, failed, counts
+        return Batch(*empty, indices), failed, counts
+    images = torch.stack([image for image, _, _ in good])
+    labels = torch.tensor([label for _, label, _ in good], dtype=torch.int64)
+    return Batch(images, labels, indices), failed, counts
 
 
 class EpochSampler(Sampler[tuple[int, int]]):
@@ -173,12 +180,12 @@ class TorchvisionLoader(Loader):
         self.position = self.start_batch
         try:
             # One item a batch of the order (the sampler cuts it to whole batches).
-            for images, labels, failed, counts in self.dataloader:
+            for batch, failed, counts in self.dataloader:
                 self._account(failed)
                 add_counts(self._decoded_by, counts)
                 self.position += 1
-                if len(labels):
-                    yield to_device(Batch(images, labels), self.spec.device, non_blocking)
+                if len(batch.labels):
+                    yield to_device(batch, self.spec.device, non_blocking)
         except RuntimeError as error:
             dead = self._dead_workers()
             if not dead:

@@ -5,17 +5,15 @@
 the set-up steps in order, each a small function that takes the typed piece it needs and
 returns what it makes (``start_process``, ``find_dataset``, ``prepare_page_cache``,
 ``start_logger``), hands the ``Session`` to the task, and whatever happens, finishes:
-``metrics.json`` and ``run_config.json`` written (rank 0), W&B finished, the process group
-shut down. The task's steps return their numbers and the task records them with
+``metrics.json`` and ``run_config.json`` written (rank 0, ``records``), W&B finished, the
+process group shut down. The task's steps return their numbers and the task records them with
 ``Session.record``, the only writer of the run's metrics.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
-import math
 import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
@@ -29,18 +27,14 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from loaderbench import __version__, distributed
+from loaderbench import __version__
 from loaderbench.config import BenchConfig, DatasetConfig, LoggerConfig, RunConfig
 from loaderbench.crops import CROP_STREAM
 from loaderbench.data import DatasetIndex, discover, resolve_path
 from loaderbench.decoded_by import fallback_warning
-from loaderbench.distributed import DistInfo
-from loaderbench.elastic import fit_to_checkpoint
 from loaderbench.images import set_max_pixels
 from loaderbench.loaders import Loader, LoaderSettings, LoaderSpec, build_loader
-from loaderbench.loaders.base import ResumedEpoch
 from loaderbench.loaders.settings import AUTO
-from loaderbench.locking import atomic_write_text
 from loaderbench.meters import (
     CpuWindow,
     IntervalRates,
@@ -48,23 +42,33 @@ from loaderbench.meters import (
     ProcessTreeMonitor,
     loop_metrics,
 )
-from loaderbench.metrics import rank_rows, straggler_note
+from loaderbench.metrics import loop_rates, rank_rows, straggler_note
 from loaderbench.pagecache import evict, files_under
-from loaderbench.resume_rules import Resumable, find_resumable, note_fresh_start
+from loaderbench.run import distributed
+from loaderbench.run.distributed import DistInfo
+from loaderbench.run.elastic import Continued, fit_to_checkpoint
+from loaderbench.run.records import (
+    pinned_host_peak_bytes,
+    skipped_counts,
+    tree_totals,
+    write_metrics,
+    write_run_config,
+)
+from loaderbench.run.resume_rules import Resumable, find_resumable, note_fresh_start
+from loaderbench.run.resumed import ResumedEpoch
+from loaderbench.run.stopping import (
+    Preempted,
+    preemption_noted,
+    raise_if_stop_requested,
+    stop_signals_as_interrupt,
+)
 from loaderbench.runtime import (
     Precision,
-    cpus_allowed,
     resolve_device,
     resolve_precision,
     seed_everything,
     set_intra_op_threads,
     synchronizer,
-)
-from loaderbench.stopping import (
-    Preempted,
-    preemption_noted,
-    raise_if_stop_requested,
-    stop_signals_as_interrupt,
 )
 from loaderbench.sweeps import job_name, sweep_group, swept_keys
 from loaderbench.tracking import NullLogger, RunLogger, build_logger
@@ -72,17 +76,13 @@ from loaderbench.validation import validate_against_dataset, validate_config
 
 log = logging.getLogger(__name__)
 
-METRICS_FILE = "metrics.json"
-# The run's typed config as it ran (``loader.num_workers=auto``: the count chosen).
-RUN_CONFIG_FILE = "run_config.json"
-
 
 @dataclass
 class Session:
     """What the set-up made, for the task's steps to take from."""
 
-    # The whole run's typed config, the one the run reads (the probe of
-    # ``loader.num_workers=auto`` writes the chosen count into ``config.loader``).
+    # The whole run's typed config as validated; never rewritten (the loader's settings as the
+    # run settles them are ``loader``, and ``num_workers=auto``'s count is the probe's return).
     config: RunConfig
     task: str
     run_dir: Path
@@ -105,19 +105,36 @@ class Session:
     skipped: dict[str, set[int]] = field(default_factory=dict)
     # A resume on another number of ranks: the interrupted epoch, as these ranks continue it.
     resumed_epoch: ResumedEpoch | None = None
+    # ``config.loader`` with the per-rank batch of a resume on another number of ranks
+    # (``fit_to_checkpoint``); ``num_workers`` as asked ("auto" before the probe settles it).
+    loader: LoaderSettings | None = None
+    # The settings the run's loaders were built with (``open_loader``'s): ``run_config.json``.
+    ran_with: LoaderSettings | None = None
+
+    def __post_init__(self) -> None:
+        if self.loader is None:
+            self.loader = self.config.loader
 
     def record(self, values: dict[str, Any] | None = None, **more: Any) -> None:
         """Add a step's numbers to the run's metrics (metrics.json and the W&B summary)."""
         self.metrics.update(values or {}, **more)
 
-    def loader_spec(self, split: str, *, train: bool, image_size: int) -> LoaderSpec:
+    def loader_spec(
+        self,
+        split: str,
+        *,
+        train: bool,
+        image_size: int,
+        settings: LoaderSettings | None = None,
+    ) -> LoaderSpec:
+        """``split``'s loader spec, with ``settings`` (default: ``loader``, the settled batch)."""
         config = self.config
         return LoaderSpec(
             split=self.dataset.split(split),
             train=train,
             image_size=image_size,
             device=self.device,
-            settings=config.loader,
+            settings=settings or self.loader or config.loader,
             seed=config.seed,
             rrc_scale=tuple(config.augment.scale),
             rrc_ratio=tuple(config.augment.ratio),
@@ -128,9 +145,14 @@ class Session:
         )
 
     @contextmanager
-    def open_loader(self, split: str, *, train: bool, image_size: int) -> Iterator[Loader]:
-        """The configured loader for ``split``; closed, and its numbers recorded, at the end."""
-        loader = build_loader(self.loader_spec(split, train=train, image_size=image_size))
+    def open_loader(
+        self, split: str, settings: LoaderSettings, *, train: bool, image_size: int
+    ) -> Iterator[Loader]:
+        """The loader for ``split`` with the run's settled ``settings`` (``settle_num_workers``'
+        return); closed, and its numbers recorded, at the end."""
+        spec = self.loader_spec(split, train=train, image_size=image_size, settings=settings)
+        self.ran_with = settings
+        loader = build_loader(spec)
         try:
             yield loader
         finally:
@@ -179,7 +201,7 @@ class Session:
         mine["peak_rss_mb"] = self.monitor.peak_rss_bytes / 2**20
         metrics = distributed.reduce_loop_metrics(mine, self.dist.world_size)
         if not metrics["images"]:
-            metrics.update(images_per_s=None, images_per_s_end_to_end=None, data_wait_frac=None)
+            metrics.update(dict.fromkeys(loop_rates()))
         return metrics
 
     @contextmanager
@@ -292,8 +314,7 @@ def base_metrics(composed: dict[str, Any], task: str) -> dict[str, Any]:
         "model": composed["model"]["name"],
         "device": composed["device"]["type"],
         "precision": composed["precision"]["name"],
-        "batch_size": loader["batch_size"],
-        "num_workers": loader["num_workers"],  # "auto" until the probe settles it
+        # batch_size and num_workers: recorded once each, where the run settles them.
         "num_workers_auto": loader["num_workers"] == AUTO,
         "prefetch": loader["prefetch"],
         "image_size": composed["image_size"],
@@ -336,7 +357,8 @@ def open_session(cfg: DictConfig, task: str) -> Iterator[Session]:
             session = _set_up(cfg, composed, task, run_dir, info, monitor, metrics)
             yield session
             raise_if_stop_requested()  # a signal whose KeyboardInterrupt Python swallowed
-            metrics.update(_tree_totals(session, monitor), status="ok")
+            totals = tree_totals(monitor, session.dataset, session.skipped, info.world_size)
+            metrics.update(totals, status="ok")
         except KeyboardInterrupt:
             metrics["status"] = "interrupted"
             raise
@@ -375,15 +397,18 @@ def _set_up(
     resumable = find_resumable(config, composed, run_dir, task)
     note_fresh_start(config, run_dir, task, info.world_size)
     # A resume keeps the checkpoint's global batch: on another number of ranks, another
-    # per-rank batch, written into config.loader before anything reads it.
-    resumed_epoch = (
-        fit_to_checkpoint(config, resumable, info.world_size) if task == "train" else None
+    # per-rank batch, settled here before anything reads it.
+    continued = (
+        fit_to_checkpoint(config, resumable, info.world_size)
+        if task == "train"
+        else Continued(config.loader)
     )
-    settings = config.loader
+    settings = continued.settings
     metrics.update(
         batch_size=settings.batch_size, global_batch=settings.batch_size * info.world_size
     )
-    if not settings.auto_workers:  # else set for each count the probe tries, then the chosen
+    if not settings.auto_workers:  # else recorded where the probe settles the count
+        metrics["num_workers"] = settings.num_workers
         metrics.update(set_intra_op_threads(config.runtime.threads, settings.num_workers))
     dataset = find_dataset(config.dataset, settings, task, info.world_size)
     metrics.update(dataset_metrics(dataset))
@@ -406,63 +431,9 @@ def _set_up(
         composed,
         metrics,
         resumable=resumable,
-        resumed_epoch=resumed_epoch,
+        resumed_epoch=continued.resumed,
+        loader=settings,
     )
-
-
-def skipped_counts(dataset: DatasetIndex, skipped: dict[str, set[int]]) -> dict[str, int]:
-    """``loader_<split>_skipped_files``: the distinct files of each split that were skipped;
-    ``skipped_files``: the distinct files over every split (by path: one file, one count)."""
-    paths = {dataset.split(name).paths[i] for name, indices in skipped.items() for i in indices}
-    counts = {f"loader_{name}_skipped_files": len(indices) for name, indices in skipped.items()}
-    return {**counts, "skipped_files": len(paths)}
-
-
-def skipped_over_ranks(skipped: dict[str, set[int]]) -> dict[str, set[int]]:
-    """Every rank's skipped files, united per split (a collective: every rank calls it)."""
-    united: dict[str, set[int]] = {}
-    for rank in distributed.gather_objects({name: sorted(i) for name, i in skipped.items()}):
-        for name, indices in rank.items():
-            united.setdefault(name, set()).update(indices)
-    return united
-
-
-def _tree_totals(session: Session, monitor: ProcessTreeMonitor) -> dict[str, Any]:
-    """Peak memory summed over ranks; the skipped files counted over ranks, each once; and
-    each rank's own peak memory, CPUs and skipped files (``rank_peak_rss_mb``, ``rank_cpus``,
-    ``rank_skipped_files``: what tells a starving rank's cause apart)."""
-    monitor.sample()
-    mine = {
-        "peak_rss_mb": monitor.peak_rss_bytes / 2**20,
-        "cpus": cpus_allowed(),
-        "skipped_files": skipped_counts(session.dataset, session.skipped)["skipped_files"],
-    }
-    totals = distributed.reduce_loop_metrics(mine, session.dist.world_size)
-    monitor.peak_rss_bytes = int(totals["peak_rss_mb"] * 2**20)  # the sum, as the run's peak
-    return {**totals, **skipped_counts(session.dataset, skipped_over_ranks(session.skipped))}
-
-
-def pinned_host_peak_bytes() -> int:
-    """The peak of torch's pinned host memory (the loaders' pools and DataLoader's pinning)."""
-    stats = getattr(torch.cuda, "host_memory_stats", dict)()
-    return int(stats.get("allocated_bytes.peak", stats.get("allocated_bytes.all.peak", 0)))
-
-
-def write_run_config(run_dir: Path, config: RunConfig) -> None:
-    """``run_config.json``: the typed config the run ran with, the probe's worker count in
-    place of ``auto`` (Hydra's ``.hydra/config.yaml`` keeps what was asked)."""
-    text = json.dumps(dataclasses.asdict(config), indent=2, sort_keys=True, default=str)
-    atomic_write_text(run_dir / RUN_CONFIG_FILE, text + "\n")
-
-
-def write_metrics(run_dir: Path, metrics: dict[str, Any]) -> None:
-    def clean(value: Any) -> Any:
-        if isinstance(value, float) and not math.isfinite(value):
-            return None
-        return value
-
-    payload = {key: clean(value) for key, value in metrics.items()}
-    atomic_write_text(run_dir / METRICS_FILE, json.dumps(payload, indent=2, sort_keys=True) + "\n")
 
 
 def _finish(
@@ -475,7 +446,8 @@ def _finish(
     if info.is_main:
         write_metrics(run_dir, metrics)
         if session is not None:
-            write_run_config(run_dir, session.config)
+            settings = session.ran_with or session.loader or session.config.loader
+            write_run_config(run_dir, session.config, settings)
     if metrics["status"] == "preempted":
         # Every rank stopped at the same step. They leave together once rank 0's records are
         # written: torchrun stops every rank as soon as one exits with an error.

@@ -11,14 +11,16 @@ What changes with M: the per-rank batch, and with it BatchNorm's batch statistic
 normalises over its own batch) and the per-rank random streams (dropout); the step's gradient
 is the same mean over the same G images, up to the order of the floating-point sums.
 
-This is read before any loader is built: the per-rank batch goes into the run's typed config
-(``config.loader.batch_size``) and the resumed epoch into every training ``LoaderSpec``.
+This is read before any loader is built: ``fit_to_checkpoint`` returns the loader's settings
+with the per-rank batch (the run's config stays as validated) and the resumed epoch, which
+goes into every training ``LoaderSpec``.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,9 +28,11 @@ import numpy as np
 import torch
 
 from loaderbench.config import RunConfig
-from loaderbench.loaders.base import ResumedEpoch, epoch_permutation, training_places
-from loaderbench.resume_rules import Resumable, global_batch, saved_ranks
-from loaderbench.validation import per_rank_batch
+from loaderbench.loaders import LoaderSettings
+from loaderbench.loaders.base import epoch_permutation, training_places
+from loaderbench.run.resume_rules import Resumable, global_batch, saved_ranks
+from loaderbench.run.resumed import ResumedEpoch
+from loaderbench.validation import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -44,23 +48,31 @@ def resume_path(config: RunConfig, resumable: Resumable | None) -> Path | None:
     return resumable.path if resumable else None
 
 
-def fit_to_checkpoint(
-    config: RunConfig, resumable: Resumable | None, ranks: int
-) -> ResumedEpoch | None:
+@dataclass(frozen=True)
+class Continued:
+    """How a training run's loaders continue a checkpoint: the loader's settings with the
+    per-rank batch (the checkpoint's global batch over this run's ranks), and the epoch they
+    continue where the checkpoint stopped in the middle of one."""
+
+    settings: LoaderSettings
+    resumed: ResumedEpoch | None = None
+
+
+def fit_to_checkpoint(config: RunConfig, resumable: Resumable | None, ranks: int) -> Continued:
     """Before anything is built: a resumed training run takes the checkpoint's global batch
-    over its ``ranks`` (``config.loader.batch_size`` = G / ranks, logged where it changes;
-    a count that does not divide G is refused, naming both); returns the epoch its loaders
-    continue where the checkpoint stopped in the middle of one. A checkpoint that cannot be
-    read is left to the resume itself to report."""
+    over its ``ranks`` (``batch_size`` = G / ranks, logged where it changes; a count that does
+    not divide G is refused, naming both). ``config.loader`` as it is for a fresh run. A
+    checkpoint that cannot be read is left to the resume itself to report."""
+    asked = Continued(config.loader)
     path = resume_path(config, resumable)
     if path is None or not path.is_file():
-        return None
+        return asked
     try:
         state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except Exception:
-        return None
+        return asked
     if not isinstance(state, dict) or "config" not in state:
-        return None
+        return asked
     saved, images = saved_ranks(state, ranks), global_batch(state, ranks)
     batch = per_rank_batch(images, saved, ranks)
     if saved != ranks or batch != config.loader.batch_size:
@@ -74,8 +86,22 @@ def fit_to_checkpoint(
             images // saved,
             config.loader.batch_size,
         )
-        config.loader = dataclasses.replace(config.loader, batch_size=batch)
-    return resumed_epoch(state, ranks)
+    settings = dataclasses.replace(config.loader, batch_size=batch)
+    return Continued(settings, resumed_epoch(state, ranks))
+
+
+def per_rank_batch(global_batch: int, saved_ranks: int, ranks: int) -> int:
+    """The per-rank batch of a job resumed on ``ranks`` ranks from a checkpoint taken on
+    ``saved_ranks`` with ``global_batch`` images a step: the global batch is kept (the
+    schedule's steps and each step's images are the run's), so ``ranks`` must divide it."""
+    if global_batch % ranks:
+        raise ConfigError(
+            f"checkpoint taken on {saved_ranks} ranks with a global batch of {global_batch} "
+            f"({saved_ranks} x loader.batch_size={global_batch // saved_ranks}) cannot resume "
+            f"on {ranks} ranks: {ranks} does not divide {global_batch}; resume on a number of "
+            f"ranks that divides {global_batch} (torchrun --nproc-per-node/--nnodes, SLURM tasks)"
+        )
+    return global_batch // ranks
 
 
 def unpack_places(packed: torch.Tensor | None, images: int) -> torch.Tensor | None:

@@ -12,21 +12,7 @@ from typing import Any, NoReturn
 import torch
 from torch import nn
 
-from loaderbench import distributed
-from loaderbench.checkpoint import (
-    CHECKPOINT_FILE,
-    load_checkpoint,
-    rng_state,
-    save_checkpoint,
-    set_rng_state,
-)
 from loaderbench.config import BenchConfig, RunConfig
-from loaderbench.elastic import (
-    continued_rank_state,
-    images_gone_through,
-    pack_places,
-    resume_path,
-)
 from loaderbench.engine import (
     EvalCounts,
     StepLog,
@@ -35,15 +21,29 @@ from loaderbench.engine import (
     evaluate,
     train_one_epoch,
 )
-from loaderbench.ledger import SampleLedger
 from loaderbench.loaders import Loader
 from loaderbench.meters import Average, CpuWindow, IntervalRates, LoopMeter
-from loaderbench.metrics import with_epoch_ranks
+from loaderbench.metrics import epoch_curves, rates_text, with_epoch_ranks
 from loaderbench.models import maybe_compile
 from loaderbench.optim import build_optimizer, build_scheduler, load_optimizer_state
-from loaderbench.resume_rules import check_resumable, saved_ranks, train_set_signature
-from loaderbench.session import Session
-from loaderbench.stopping import Preempted, preemption_requested
+from loaderbench.run import distributed
+from loaderbench.run.checkpoint import (
+    CHECKPOINT_FILE,
+    load_checkpoint,
+    rng_state,
+    save_checkpoint,
+    set_rng_state,
+)
+from loaderbench.run.elastic import (
+    continued_rank_state,
+    images_gone_through,
+    pack_places,
+    resume_path,
+)
+from loaderbench.run.ledger import SampleLedger
+from loaderbench.run.resume_rules import check_resumable, saved_ranks, train_set_signature
+from loaderbench.run.session import Session
+from loaderbench.run.stopping import Preempted, preemption_requested
 
 log = logging.getLogger(__name__)
 
@@ -314,7 +314,7 @@ def save_training(
             "config": session.composed,
             "classes": list(session.dataset.classes),
             "world_size": session.dist.world_size,
-            "global_batch": session.config.loader.batch_size * session.dist.world_size,
+            "global_batch": session.loader.batch_size * session.dist.world_size,
             "order_base": order_base(session, epoch, batches),
             "train_set": train_set_signature(session.dataset.train),
             "metrics": {
@@ -342,19 +342,14 @@ def log_epoch(
     rank; None for an epoch a resumed run found already trained), its val accuracy; in a
     data-parallel run also the slowest rank's data wait, and each rank's figures appended to
     the run's ``epoch_rank_<key>`` lists."""
-    slowest = rates.get("slowest_rank")
     log.info(
-        "epoch %d/%d: loss %.4f, top1 %.4f, top5 %.4f, %.1f images/s, data wait %.1f%%%s",
+        "epoch %d/%d: loss %.4f, top1 %.4f, top5 %.4f, %s",
         epoch,
         session.config.epochs,
         result["loss"],
         result["top1"],
         result["top5"],
-        rates["images_per_s"] or 0.0,
-        100 * (rates["data_wait_frac"] or 0.0),
-        ""
-        if slowest is None
-        else f" (slowest rank {slowest}: {100 * rates['slowest_rank_data_wait_frac']:.1f}%)",
+        rates_text(rates),
     )
     session.record(with_epoch_ranks(session.metrics, rates))
     session.logger.log(
@@ -362,9 +357,7 @@ def log_epoch(
             "epoch": epoch,
             "epoch/train_loss": result["loss"],
             "epoch/lr": lr,
-            "epoch/images_per_s": rates["images_per_s"],
-            "epoch/images_per_s_end_to_end": rates["images_per_s_end_to_end"],
-            "epoch/data_wait_frac": rates["data_wait_frac"],
+            **epoch_curves(rates),
             **{  # data-parallel runs: the rank the others wait for
                 f"epoch/{key}": rates[key]
                 for key in ("slowest_rank", "slowest_rank_data_wait_frac")
@@ -416,6 +409,7 @@ def fit(
         position = start.position if resumed else 0  # and batches of its order gone through
         epoch_loss = start.epoch_loss if resumed else Average()
         mark = (meter.batches, window.cpu_s)
+        trained: list[torch.Tensor] = []  # the indices of the batches the steps had
         if first < steps:  # else preempted at its last step: only its validation is left
             train_loader.set_epoch(epoch, position, next_epoch=epoch + 1 < epochs.stop)
             stop.start_pass(steps - first)
@@ -431,9 +425,10 @@ def fit(
                     stop=stop,
                     epoch_loss=epoch_loss,
                     blank=blank,
+                    trained=trained,
                 )
         # Every rank, whether or not it trained now (preempted at the epoch's last step).
-        ledger.tally(epoch, train_loader.trained_indices() if first < steps else torch.tensor([]))
+        ledger.tally(epoch, torch.cat(trained) if trained else torch.empty(0, dtype=torch.int64))
         if stop.stopped_at is not None:
             stopped = first + stop.stopped_at
             preempt(session, training, epoch, stopped, epoch_loss, train_loader.position)

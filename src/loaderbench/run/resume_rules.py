@@ -15,7 +15,7 @@ Both compare the config as composed (``Session.composed``: ``loader.num_workers=
 
 The number of ranks is not a config key and may differ either way: a run resumed on M ranks
 keeps the checkpoint's global batch (N x ``loader.batch_size``) and takes global / M per rank
-(``loaderbench.elastic``); ``loader.batch_size`` is compared as typed on the command line,
+(``loaderbench.run.elastic``); ``loader.batch_size`` is compared as typed on the command line,
 which for a requeued job is the same command.
 """
 
@@ -32,12 +32,12 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from loaderbench.checkpoint import CHECKPOINT_FILE
 from loaderbench.config import RunConfig
 from loaderbench.data import Split
+from loaderbench.run.checkpoint import CHECKPOINT_FILE
 
 if TYPE_CHECKING:
-    from loaderbench.session import Session
+    from loaderbench.run.session import Session
 
 log = logging.getLogger(__name__)
 
@@ -182,11 +182,11 @@ def check_resumable(session: Session, state: dict[str, Any], path: Path) -> None
     # Another number of ranks may continue it (``elastic``): the global batch is what must
     # be kept, and the session took it over before any loader was built.
     ranks = session.dist.world_size
-    kept = session.config.loader.batch_size * ranks
+    kept = session.loader.batch_size * ranks
     if kept != global_batch(state, ranks):
         raise ValueError(
             f"global batch {kept} ({ranks} ranks x loader.batch_size="
-            f"{session.config.loader.batch_size}) but checkpoint {path} was trained with "
+            f"{session.loader.batch_size}) but checkpoint {path} was trained with "
             f"{global_batch(state, ranks)}; a resumed run must keep it"
         )
     signature = train_set_signature(session.dataset.train)

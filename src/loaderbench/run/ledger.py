@@ -1,15 +1,17 @@
 """The ledger of the images each training epoch trained on, over every rank: what tells that a
 run preempted and resumed (on the same number of ranks or another) lost or repeated no sample.
 
-Each rank's loader reports the images of its order it went through in a pass, less the files
-it skipped as unreadable (``Loader.trained_indices``); after every pass (an epoch's end or a
-preemption) the ranks add up their counts per image. The checkpoint of a stop in the middle
-of an epoch keeps the epoch's images so far as a bitmap (``np.packbits``: 160 KB for
-ImageNet's 1.28 M images) and those trained more than once, so the resumed run continues the
-count and catches an image trained again after the resume. metrics.json: ``epoch_samples``
-(distinct images trained on, per epoch) and ``epoch_repeats`` (images trained on more than
-once in an epoch), lists indexed by epoch: a run resumed from a checkpoint older than the
-ledger (format 3 or below) has None for the epochs trained before it (nobody counted them).
+Each rank's training loop keeps the dataset indices of the batches its steps had (each
+``Batch`` carries its images' indices): what was trained on, observed, not the order the loader
+planned; after every pass (an epoch's end or a preemption) the ranks add up their counts per
+image, so a batch served twice or the wrong images after a resume show. The checkpoint of a
+stop in the middle of an epoch keeps the epoch's images so far as a bitmap (``np.packbits``:
+160 KB for ImageNet's 1.28 M images) and those trained more than once, so the resumed run
+continues the count and catches an image trained again after the resume. metrics.json:
+``epoch_samples`` (distinct images trained on, per epoch) and ``epoch_repeats`` (images trained
+on more than once in an epoch), lists indexed by epoch: a run resumed from a checkpoint older
+than the ledger (format 3 or below) has None for the epochs trained before it (nobody counted
+them).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from loaderbench import distributed
+from loaderbench.run import distributed
 
 
 class SampleLedger:
