@@ -23,6 +23,8 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from loaderbench.bench import py_spy
+
 # The loader's threads, by name prefix: spdl's decoding pool and SPDL's own event loop and
 # source threads; memmap's reading threads.
 LOADER_THREADS = ("loaderbench_spdl_decode", "spdl_", "memmap-loader")
@@ -85,12 +87,10 @@ def ms_per_1k(short: GilRun, long: GilRun, rate: int) -> dict[str, float]:
 
 def record(args: argparse.Namespace, epochs: int, run_command: object) -> GilRun:
     """A profiled run of ``epochs`` epochs; its raw samples in ``gil-<epochs>.txt``."""
-    from loaderbench.bench.profile import py_spy
-
     folder = f"gil-{epochs}"
     raw = args.out / f"{folder}.txt"
     run = run_command(args, folder, f"bench.epochs={epochs}")  # type: ignore[operator]
-    spy = [py_spy(), "record", "--gil", "--threads", "-r", str(args.rate), "-f", "raw"]
+    spy = [py_spy.executable(), "record", "--gil", "--threads", "-r", str(args.rate), "-f", "raw"]
     command = [*spy, "-o", str(raw), "--", *run]
     print("+", " ".join(command), flush=True)
     subprocess.run(command, check=True, stdout=subprocess.DEVNULL)

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import re
-import shutil
 import subprocess
 import sys
 from collections import Counter
@@ -37,7 +36,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from loaderbench.bench import gil_profile
+from loaderbench.bench import gil_profile, py_spy
 
 REPO = Path(__file__).resolve().parents[3]
 DEFAULT_THREADS = ("memmap-loader", "loaderbench_spdl_decode")
@@ -101,15 +100,6 @@ def render(profile: Profile, title: str, n: int = 15) -> str:
     return "\n".join(lines)
 
 
-def py_spy() -> str:
-    """The py-spy executable beside this interpreter, or on PATH."""
-    beside = Path(sys.executable).with_name("py-spy")
-    found = str(beside) if beside.exists() else shutil.which("py-spy")
-    if found is None:
-        raise SystemExit("py-spy is not installed: make install (or pip install py-spy)")
-    return found
-
-
 def run_command(args: argparse.Namespace, folder: str, *more: str) -> list[str]:
     """The run's command; ``more`` overrides replace the user's of the same keys."""
     script = "eval.py" if args.task == "val" else "train.py"
@@ -121,7 +111,8 @@ def run_command(args: argparse.Namespace, folder: str, *more: str) -> list[str]:
 
 def record_command(args: argparse.Namespace, raw: Path) -> list[str]:
     run = run_command(args, "run")
-    spy = [py_spy(), "record", "--threads", "-r", str(args.rate), "-f", "raw", "-o", str(raw)]
+    spy = [py_spy.executable(), "record", "--threads", "-r", str(args.rate), "-f", "raw"]
+    spy += ["-o", str(raw)]
     spy += ["--idle"] * args.idle + ["--subprocesses"] * args.subprocesses
     spy += ["--native"] * args.native
     return [*spy, "--", *run]
