@@ -23,7 +23,7 @@ import torch
 
 from loaderbench.elastic import continued_rank_state, images_gone_through, resumed_epoch
 from loaderbench.ledger import SampleLedger
-from loaderbench.loaders import loader_names
+from loaderbench.loaders import file_loader_names
 from loaderbench.loaders.base import epoch_permutation, shard_indices, training_places
 from loaderbench.synthetic import SyntheticSpec, ensure_synthetic
 from loaderbench.validation import ConfigError, per_rank_batch
@@ -77,7 +77,7 @@ def checkpoint(run_dir: Path) -> dict:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("loader", loader_names())
+@pytest.mark.parametrize("loader", file_loader_names())
 def test_two_ranks_preempted_resume_on_one_then_one_on_two(
     loader: str, elastic_root: Path, tmp_path: Path
 ) -> None:

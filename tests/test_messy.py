@@ -12,7 +12,7 @@ import pytest
 import torch
 from PIL import Image
 
-from loaderbench.loaders import build_loader, loader_names
+from loaderbench.loaders import build_loader, file_loader_names
 from loaderbench.loaders.spdl.decoders import Sample, is_encoded, open_file
 from loaderbench.transforms import pil_val_transform
 from tests.conftest import (
@@ -27,7 +27,7 @@ from tests.conftest import (
 
 pytestmark = pytest.mark.slow
 
-LOADERS = loader_names()
+LOADERS = file_loader_names()
 
 
 def _photo(seed: int, size: tuple[int, int] = (120, 90)) -> Image.Image:

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from loaderbench.data import Split
-from loaderbench.loaders import build_loader, loader_names
+from loaderbench.loaders import build_loader, file_loader_names
 from tests.conftest import REPO, cpu_spec, folder_index, loader_folders
 
 SIZE = 32
@@ -78,7 +78,7 @@ def read_as_a_user(loader: str, split: Split, bad: Path, folder: Path) -> tuple[
     return json.loads(proc.stdout.strip().splitlines()[-1]), proc.stderr
 
 
-@pytest.mark.parametrize("loader", loader_names())
+@pytest.mark.parametrize("loader", file_loader_names())
 @pytest.mark.parametrize("kind", ["vanished", "no_permission"])
 def test_a_file_that_cannot_be_opened_is_skipped_and_named(
     loader: str, kind: str, tiny_root: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
