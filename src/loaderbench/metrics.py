@@ -188,10 +188,12 @@ def combine_over_ranks(
     for op in ("sum", "max", "mean"):
         keys = [m.key for m in declared if m.over_ranks == op]
         if keys:
-            values = [float(metrics.get(key) or 0.0) for key in keys]
+            # A value missing on a rank (a rate with no steady window) travels as NaN, which
+            # every reduction keeps: the combined value is then missing too, never a partial sum.
+            values = [_or_nan(metrics.get(key)) for key in keys]
             values = all_reduce(values, "sum" if op == "mean" else op)
             for key, value in zip(keys, values, strict=True):
-                out[key] = value / world_size if op == "mean" else value
+                out[key] = None if value != value else value / world_size if op == "mean" else value
     for metric in declared:
         if metric.over_ranks == "derived" and metric.derive:
             out[metric.key] = metric.derive(out)
@@ -199,6 +201,10 @@ def combine_over_ranks(
     if "images" in out:
         out["images"] = int(out["images"])
     return out
+
+
+def _or_nan(value: Any) -> float:
+    return float("nan") if value is None else float(value)
 
 
 def _by_rank(

@@ -210,6 +210,11 @@ class MemmapLoader(Loader):
         loop's thread when asked)."""
         return self.batches_in_flight() if self.spec.num_workers > 0 else 0
 
+    def batches_ahead(self) -> tuple[int, int] | None:
+        """The reading threads' batches read and being read (None: read in the loop's thread)."""
+        reading = self._reading
+        return reading.in_flight() if reading is not None and self.spec.num_workers else None
+
     def _gather(self, epoch: int, indices: torch.Tensor) -> _Gathered | None:
         """Read one batch (runs in a reading thread); None when all its files were skipped."""
         if self._valid is not None:
