@@ -16,6 +16,7 @@ from omegaconf import DictConfig
 from torch import nn
 
 from loaderbench.autotune import evaluation_workload, settle_num_workers, training_workload
+from loaderbench.ceiling import job_ceiling
 from loaderbench.checkpoint import load_checkpoint
 from loaderbench.config import ModelConfig
 from loaderbench.engine import consume
@@ -93,6 +94,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
                 with session.open_loader("val", train=False, image_size=image_size) as val_loader:
                     for epoch_metrics in fit_epochs(session, model, loader, val_loader):
                         session.record(epoch_metrics)
+        session.record(job_ceiling(session, model, image_size, train=True))
     return session.metrics
 
 
@@ -175,4 +177,6 @@ def evaluate_checkpoint(cfg: DictConfig) -> dict[str, Any]:
             else:
                 model = maybe_compile(trained.model, config.model)
                 session.record(evaluate_model(session, model, loader))
+        evaluated = model if trained is not None else None
+        session.record(job_ceiling(session, evaluated, image_size, train=False))
     return session.metrics

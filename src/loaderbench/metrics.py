@@ -47,6 +47,15 @@ def _per_1k(metrics: Mapping[str, Any]) -> float | None:
     return 1000 * metrics["cpu_s"] / images if images else None
 
 
+def ceiling_fraction(images_per_s: float | None, ceiling: float | None) -> float | None:
+    """``ceiling_frac``: images/s over the ceiling's (None where either is missing)."""
+    return images_per_s / ceiling if images_per_s is not None and ceiling else None
+
+
+def _ceiling_frac(metrics: Mapping[str, Any]) -> float | None:
+    return ceiling_fraction(metrics.get("images_per_s"), metrics.get("ceiling_images_per_s"))
+
+
 METRICS: tuple[Metric, ...] = (
     Metric("status", "ok, failed, or running (the run has not ended)", summary=True, digits=None),
     Metric("loader", "the loader's name", summary=True, digits=None),
@@ -73,7 +82,38 @@ METRICS: tuple[Metric, ...] = (
         summary=True,
         epoch_summary="mean,last",
     ),
+    Metric(
+        "images_per_s_null_reason",
+        "why images_per_s is null (no steady window); absent or null where it is a rate",
+        summary=True,
+        digits=None,
+    ),
     Metric("steady_batches", "batches images_per_s counts (0: none; rank 0's)", summary=True),
+    Metric(
+        "ceiling_images_per_s",
+        "loader=resident's images/s at the same model, image size, batch, precision and "
+        "device: the model's own rate (the job's resident pass, or the sweep's resident job)",
+        "sum",
+        summary=True,
+        report_decimals=1,
+    ),
+    Metric(
+        "ceiling_frac",
+        "images_per_s over ceiling_images_per_s (null where either is; then see "
+        "ceiling_frac_null_reason)",
+        "derived",
+        summary=True,
+        derive=_ceiling_frac,
+        report_decimals=3,
+    ),
+    Metric("ceiling_frac_null_reason", "why ceiling_frac is null", summary=True, digits=None),
+    Metric(
+        "ceiling_from",
+        "where the ceiling came from: the job's resident pass, the job itself "
+        "(loader=resident), or the sweep's resident job",
+        summary=True,
+        digits=None,
+    ),
     Metric(
         "ttfb_s",
         "seconds from the loop's start to the first batch",
