@@ -7,7 +7,9 @@ so that
 * ``images_per_s`` counts only batches after ``warmup_batches`` and after the loader's head
   start (start-up is reported apart, as ``ttfb_s``; see "The head start" below);
 * ``data_wait_frac`` is the share of that steady-state wall time spent blocked on the loader;
-* ``images_per_s_end_to_end`` is every image over the loop's whole wall time, start-up included.
+* ``images_per_s_end_to_end`` is every image over the loop's whole wall time, start-up included;
+* where no steady window can be established, ``images_per_s`` is None and
+  ``images_per_s_null_reason`` says why: the end-to-end figure never stands in for it.
 
 The head start. A loader decodes ahead of the loop: up to its queue depth (``queue_depth``:
 DataLoader's workers x per-worker prefetch, memmap's and spdl's batches in flight) batches,
@@ -22,7 +24,10 @@ batch after it was made inside the window). The loader may have kept ahead while
 its early batches, and the loop's end drains the queue, so without that a first epoch a little
 longer than the head start still credits up to a queue of batches made before the window. A
 loop that never waits has a loader ahead of it throughout; its window counts where it spans
-``AHEAD_WINDOW_DEPTHS`` queue depths (at most a twentieth credited). A later loop
+``AHEAD_WINDOW_DEPTHS`` queue depths (at most a twentieth credited), or, shorter, up to where
+the loader itself vouches that it made every batch the loop took inside the window
+(``Loader.batches_ahead``, ``loaderbench.ahead``): the model is the bottleneck, and the rate is
+the model's steady rate. A later loop
 (epoch) opens its window at once, its first batch's wait included, as the loader starts it
 empty; where a loader keeps working between loops (a persistent SPDL pipeline decodes the next
 epoch during validation, memmap's reading threads read its first batches ahead:
@@ -30,8 +35,8 @@ epoch during validation, memmap's reading threads read its first batches ahead:
 window only where the queue first runs dry (the loader refills it while the loop takes the
 ready batches). A queue deeper
 than the run leaves no batch to measure: the window then spans every loop that has one (the
-next epochs), and where none has, ``images_per_s`` is the end-to-end rate (``steady_batches``
-is 0). Producing the queue cannot be charged instead: the loop never sees when a batch was made.
+next epochs), and where none has, ``images_per_s`` is None (``steady_batches`` is 0) and
+the reason is kept. Producing the queue cannot be charged instead: the loop never sees when a batch was made.
 
 On CUDA the host runs ahead of the device, and the meter does not make it wait every step
 (that would keep the next batch's copy and decode from overlapping the current step, and make
