@@ -344,13 +344,15 @@ def log_epoch(
     the run's ``epoch_rank_<key>`` lists."""
     slowest = rates.get("slowest_rank")
     log.info(
-        "epoch %d/%d: loss %.4f, top1 %.4f, top5 %.4f, %.1f images/s, data wait %.1f%%%s",
+        "epoch %d/%d: loss %.4f, top1 %.4f, top5 %.4f, %s, data wait %.1f%%%s",
         epoch,
         session.config.epochs,
         result["loss"],
         result["top1"],
         result["top5"],
-        rates["images_per_s"] or 0.0,
+        "no steady window"
+        if rates["images_per_s"] is None
+        else f"{rates['images_per_s']:.1f} images/s",
         100 * (rates["data_wait_frac"] or 0.0),
         ""
         if slowest is None

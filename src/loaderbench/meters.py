@@ -36,7 +36,8 @@ window only where the queue first runs dry (the loader refills it while the loop
 ready batches). A queue deeper
 than the run leaves no batch to measure: the window then spans every loop that has one (the
 next epochs), and where none has, ``images_per_s`` is None (``steady_batches`` is 0) and
-the reason is kept. Producing the queue cannot be charged instead: the loop never sees when a batch was made.
+the reason is kept. Producing the queue cannot be charged instead: the loop never sees when a
+batch was made.
 
 On CUDA the host runs ahead of the device, and the meter does not make it wait every step
 (that would keep the next batch's copy and decode from overlapping the current step, and make
@@ -236,8 +237,8 @@ class LoopMeter:
         """The loop's numbers from its batch ``since`` on (an epoch's: ``since`` is
         ``batches`` at the epoch's start). The rates count the batches in the measured window
         (``measured``); where none is (a queue deeper than the loop, or fewer batches than the
-        warm-up), every batch and the loops' set-up: the end-to-end rate, which no head start
-        can flatter (``steady_batches`` 0 says so)."""
+        warm-up), ``images_per_s`` is None with ``images_per_s_null_reason``, and the
+        end-to-end rate (every batch and the loops' set-up) stands beside it, apart."""
         n = len(self.intervals)
         chosen = [i for i in range(since, n) if self.measured[i]]
         steady = bool(chosen)
