@@ -122,6 +122,7 @@ def test_resident_runs_through_train_and_eval(small_root: Path, tmp_path: Path) 
         f"dataset.root={small_root}",
         "loader=resident",
         "logger=none",
+        "bench.warmup_batches=1",  # 3 val batches: 2 past the warm-up
         f"checkpoint={run_dir / 'checkpoint.pt'}",
         *QUICK,
         cwd=tmp_path / "eval",
