@@ -137,7 +137,7 @@ def test_resident_runs_through_train_and_eval(small_root: Path, tmp_path: Path) 
         "loader=resident",
         "model=none",
         "logger=none",
-        *QUICK,
+        *QUICK[1:],  # no model.name: model=none's
         cwd=tmp_path / "alone",
     )
     _, alone = single_run(tmp_path / "alone", "eval")
@@ -153,7 +153,9 @@ def test_a_jobs_resident_pass_states_ceiling_frac_and_leaves_the_weights_alone(
     """train.py with memmap: the resident pass's ceiling and the fraction in metrics.json and
     the W&B summary (an offline run read back); the same run without the pass trains the
     same weights to the same top-1 (the pass ran on a copy, its random draws undone)."""
+    # 20 batches of 8: a window past the head start (3 + 4) and before the epoch's tail (4).
     common = [f"dataset.root={small_root}", "loader=memmap", "epochs=1", *QUICK]
+    common.append("loader.batch_size=8")
     common += loader_folder_overrides("memmap", tmp_path)
     (tmp_path / "with").mkdir()
     (tmp_path / "without").mkdir()

@@ -181,7 +181,9 @@ class LoopMeter:
         if depth > 0:
             self._open_where_the_queue_ran_dry(first_batch + opens, depth)
         if count and not any(self.measured[first_batch:]):
-            self.no_window_reason = self._why_no_window(count, opens, depth)
+            at_open = first_batch + opens - 1  # the loader's word where the window opened
+            told = 0 <= at_open < len(self.ahead) and self.ahead[at_open] is not None
+            self.no_window_reason = self._why_no_window(count, opens, depth, told)
         if isinstance(iterator, Iterator) and hasattr(iterator, "close"):
             iterator.close()  # a generator cut short by max_batches releases its resources now
 
@@ -211,12 +213,19 @@ class LoopMeter:
         for i in range(opened, window.stop if dry is None else dry):
             self.measured[i] = False
 
-    def _why_no_window(self, count: int, opens: int, depth: int) -> str:
-        """Why a loop of ``count`` batches has no steady window (``images_per_s`` null)."""
+    def _why_no_window(self, count: int, opens: int, depth: int, told: bool) -> str:
+        """Why a loop of ``count`` batches has no steady window (``images_per_s`` null);
+        ``told``: the loader said how far ahead it was (``Loader.batches_ahead``)."""
         if count <= opens:
             return (
                 f"no steady window: the loop had {count} batches, and its window opens after "
                 f"{opens} (bench.warmup_batches and the loader's head start of {depth})"
+            )
+        if told:
+            return (
+                f"no steady window: past the head start the loop took {count - opens} batches "
+                "without waiting, all of them made before the window opened (the loader's "
+                "queue ran down: the epoch's tail, or a loader falling behind)"
             )
         return (
             f"no steady window: the loop never waited for the loader past the head start, "
