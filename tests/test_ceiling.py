@@ -198,6 +198,7 @@ def test_a_sweeps_summary_holds_each_row_to_the_sweeps_resident_job(
         "logger=none",
         "hydra.sweep.dir=sweep",
         *QUICK[:-1],
+        "loader.batch_size=8",  # 20 batches: memmap's window past its head start
         "bench.ceiling_batches=0",
         cwd=tmp_path,  # memmap's cache under it (its relative cache_dir)
     )
