@@ -18,7 +18,7 @@ import psutil
 import pytest
 
 from loaderbench.images import DEFAULT_MAX_PIXELS, set_max_pixels
-from loaderbench.loaders import loader_names, settings_class
+from loaderbench.loaders import file_loader_names, loader_names, settings_class
 from loaderbench.synthetic import SyntheticSpec, ensure_synthetic
 from tests import fd_audit
 
@@ -31,17 +31,18 @@ REPO = Path(__file__).resolve().parents[1]
 TINY = SyntheticSpec(num_classes=3, train_per_class=8, val_per_class=4, seed=0)
 
 
-def loader_variants() -> list[tuple[str, dict[str, Any]]]:
-    """Every loader in the registry and every way it runs on the CPU (its settings'
-    ``contract_variants``): the matrix of the loader contract and the pixel-parity tests."""
+def loader_variants(names: tuple[str, ...] | None = None) -> list[tuple[str, dict[str, Any]]]:
+    """Every loader in the registry (or of ``names``) and every way it runs on the CPU (its
+    settings' ``contract_variants``): the matrix of the loader contract (every loader) and of
+    the pixel-parity tests (``READERS``: the loaders that read the files)."""
     return [
         (name, variant)
-        for name in loader_names()
+        for name in (loader_names() if names is None else names)
         for variant in settings_class(name).contract_variants()
     ]
 
 
-READERS = loader_variants()
+READERS = loader_variants(file_loader_names())
 
 
 def loader_folders(loader: str, folder: Path) -> dict[str, str]:

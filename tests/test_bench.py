@@ -21,13 +21,13 @@ import torch
 from loaderbench.bench.dali import dali_version
 from loaderbench.bench.ffcv import ffcv_unavailable
 from loaderbench.bench.schema import CLASSIC, DALI_NAMES, FFCV_NAMES, LIMIT_NAMES, TUTORIAL
-from loaderbench.loaders import loader_names, settings_class
+from loaderbench.loaders import file_loader_names, settings_class
 from tests.conftest import REPO
 
 # One worker runs the module: its quick bench (a module fixture) is built once, not per worker.
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("bench")]
 
-LOADERS = loader_names()
+LOADERS = file_loader_names()  # the benchmark sweeps the loaders that read files
 DALI = DALI_NAMES["cpu"]
 # DALI is installed by `make peers` (make bench, make test-peers), not by `make install`: its
 # rows are there where it is.
@@ -125,6 +125,9 @@ def test_every_loader_worker_count_and_peer_is_a_measured_row(bench: dict[str, A
         assert 0 <= row["data_wait_frac"] <= 1, key
         assert not row["note"].startswith("failed"), (key, row["note"])
         assert row["kind"] == ("loader" if key[1] in LOADERS else "peer"), key
+        if key[1] in LOADERS:  # the loader alone (model=none): no ceiling, and it says why
+            assert row["ceiling_frac"] is None, key
+            assert row["ceiling_frac_null_reason"].startswith("model=none"), key
 
 
 def test_each_row_is_held_to_the_limit_of_the_work_it_declares(bench: dict[str, Any]) -> None:

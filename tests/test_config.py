@@ -123,7 +123,7 @@ def test_a_loader_gets_its_typed_settings_once_with_the_schema_defaults(name: st
 
 
 def test_loader_packages_are_the_loaders() -> None:
-    assert set(loader_names()) == {"memmap", "spdl", "torchvision"}
+    assert set(loader_names()) == {"memmap", "resident", "spdl", "torchvision"}
     assert set(options("loader")) == set(loader_names())
 
 

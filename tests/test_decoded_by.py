@@ -16,7 +16,7 @@ from PIL import Image
 
 from loaderbench import decode, decoded_by
 from loaderbench.decode import Engine, NvImageCodecBackend, PilBackend, cpu_batch
-from loaderbench.loaders import build_loader
+from loaderbench.loaders import build_loader, file_loader_names
 from tests.conftest import (
     cpu_spec,
     folder_index,
@@ -36,7 +36,7 @@ BROKEN = ("truncated.JPEG", "text.JPEG")
 # jpeg store keeps val as JPEG here too, so that val is decoded per batch as train is.
 READERS = [
     (name, {**options, "val_store": "jpeg"} if options.get("store") == "jpeg" else options)
-    for name, options in loader_variants()
+    for name, options in loader_variants(file_loader_names())
 ]
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from loaderbench.loaders import loader_names
+from loaderbench.loaders import file_loader_names
 from loaderbench.loaders.base import shard_indices
 from tests.conftest import (
     REPO,
@@ -38,7 +38,7 @@ def test_shard_indices_cover_the_epoch_once() -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", loader_names())
+@pytest.mark.parametrize("name", file_loader_names())
 def test_torchrun_two_processes(name: str, small_root: Path, tmp_path: Path) -> None:
     """Two ranks train and validate; the top-1 and val loss they report, reduced over the ranks,
     are eval.py's of the checkpoint saved, in one process. torchvision: rank 1's images of the

@@ -24,7 +24,7 @@ import psutil
 import pytest
 import torch
 
-from loaderbench.loaders import loader_names
+from loaderbench.loaders import file_loader_names
 from loaderbench.loaders.base import epoch_permutation, shard_indices, training_places
 from loaderbench.run.elastic import (
     continued_rank_state,
@@ -92,7 +92,7 @@ def checkpoint(run_dir: Path) -> dict:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("loader", loader_names())
+@pytest.mark.parametrize("loader", file_loader_names())
 def test_two_ranks_preempted_resume_on_one_then_one_on_two(
     loader: str, elastic_root: Path, tmp_path: Path
 ) -> None:

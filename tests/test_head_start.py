@@ -66,15 +66,16 @@ def test_a_deep_queue_over_a_slow_decode_is_not_measured_faster_than_its_steady_
     assert metrics["images"] == epochs * BATCH * BATCHES
     rate, end_to_end = metrics["images_per_s"], metrics["images_per_s_end_to_end"]
     # Not faster than the loader can decode (a loaded machine only makes it slower).
-    assert rate <= 1.1 * STEADY, (rate, STEADY)
-    assert end_to_end <= rate * 1.0001
-    # Within tolerance of it: the first epoch has no batch to measure (steady_batches 0), so
+    assert end_to_end <= 1.1 * STEADY, (end_to_end, STEADY)
+    # The first epoch has no batch to measure (steady_batches 0): no steady rate, and why;
     # the window is the second epoch, whose first batch's wait is the decode of the epoch.
     if epochs == 2:
         assert metrics["steady_batches"] == BATCHES
-        assert rate >= 0.5 * STEADY, (rate, STEADY)
+        assert 0.5 * STEADY <= rate <= 1.1 * STEADY, (rate, STEADY)
+        assert end_to_end <= rate * 1.0001
     else:
-        assert metrics["steady_batches"] == 0 and rate == pytest.approx(end_to_end)
+        assert metrics["steady_batches"] == 0 and rate is None
+        assert "no steady window" in metrics["images_per_s_null_reason"]
 
 
 class FakeClock:
@@ -155,7 +156,8 @@ def test_a_queue_deeper_than_the_run_reports_the_end_to_end_rate() -> None:
         clock.now += 0.5  # 6 batches of 4 decoded during the first wait
     metrics = loop_metrics(meter, cpu_s=0.0)
     assert metrics["steady_batches"] == 0
-    assert metrics["images_per_s"] == pytest.approx(24 / 9.0)
+    assert metrics["images_per_s"] is None  # never the end-to-end figure in its place
+    assert "window opens after 9" in metrics["images_per_s_null_reason"]
     assert metrics["images_per_s_end_to_end"] == pytest.approx(24 / 9.0)
 
 
@@ -170,8 +172,9 @@ def test_batches_made_before_the_window_and_served_after_it_are_not_counted() ->
     for _ in meter.iterate(QueuedLoader(clock, [8.0] + [0.0] * 9, depth=4)):
         clock.now += 0.1
     metrics = loop_metrics(meter, cpu_s=0.0)
-    assert metrics["steady_batches"] == 0
-    assert metrics["images_per_s"] == pytest.approx(40 / 9.0)
+    assert metrics["steady_batches"] == 0 and metrics["images_per_s"] is None
+    assert "never waited" in metrics["images_per_s_null_reason"]
+    assert metrics["images_per_s_end_to_end"] == pytest.approx(40 / 9.0)
 
 
 def test_the_window_opens_where_the_loop_first_waits_past_the_head_start() -> None:
@@ -211,3 +214,71 @@ def test_the_loaders_say_how_deep_their_queue_is(tiny_root: Path, tmp_path: Path
     for name, settings, depth in cases:
         with build_loader(cpu_spec(split, True, name, **settings)) as loader:
             assert (loader.queue_depth(), loader.queued_at_start()) == (depth, 0), name
+
+
+class ReportingLoader(QueuedLoader):
+    """A queued loader that says how many batches it holds ready (``batches_ahead``), as
+    memmap's reading threads do: ``ready[i]`` after the loop's ``i``-th step."""
+
+    def __init__(self, clock: FakeClock, waits: list[float], depth: int, ready: list[int]):
+        super().__init__(clock, waits, depth)
+        self.ready_after, self.taken = ready, 0
+
+    def batches_ahead(self) -> tuple[int, int]:
+        return self.ready_after[self.taken - 1], 0
+
+    def __iter__(self):
+        for batch in super().__iter__():
+            self.taken += 1
+            yield batch
+
+
+def test_a_loader_that_keeps_ahead_of_a_short_loop_reports_the_loops_steady_rate() -> None:
+    """The model is the bottleneck (issue 36): the loop never waits, over far fewer than 20
+    queue depths. The loader vouches that its queue stayed full (4 ready after every step)
+    until the epoch's tail, where it has nothing left to make: up to there every batch the
+    loop took was made inside the window, so the window holds, at the loop's own rate."""
+    clock = FakeClock()
+    meter = LoopMeter(2, clock=clock)
+    batches = 16
+    ready = [4] * (batches - 4) + [3, 2, 1, 0]
+    for _ in meter.iterate(ReportingLoader(clock, [1.0] + [0.0] * (batches - 1), 4, ready)):
+        clock.now += 0.1
+    # Opened after 2 + 4 batches; closed where the queue fell short of the 4 it held.
+    assert meter.measured == [False] * 6 + [True] * 6 + [False] * 4
+    metrics = loop_metrics(meter, cpu_s=0.0)
+    assert metrics["steady_batches"] == 6 and metrics["images_per_s"] == pytest.approx(40.0)
+    assert metrics["images_per_s_null_reason"] is None
+
+
+def test_a_loader_falling_behind_without_the_loop_waiting_yet_is_not_credited() -> None:
+    """A loader slower than the model but with its queue full at the window's start: the loop
+    does not wait yet, but its ready batches drop at the window's first step: nothing is
+    credited, and with no window the rate is null (a loader that cannot tell: the same)."""
+    clock = FakeClock()
+    meter = LoopMeter(1, clock=clock)
+    ready = [4] * 5 + [3, 2, 1]
+    for _ in meter.iterate(ReportingLoader(clock, [1.0] + [0.0] * 7, 4, ready)):
+        clock.now += 0.1
+    assert meter.measured == [False] * 5 + [False] * 3
+    metrics = loop_metrics(meter, cpu_s=0.0)
+    assert metrics["steady_batches"] == 0 and metrics["images_per_s"] is None
+
+
+def test_on_cuda_a_window_closed_early_holds_the_devices_queued_work() -> None:
+    """Where the loader's queue first falls short the meter drains the device once, and the
+    drain counts inside the window (charged to its last batch)."""
+    clock = FakeClock()
+    edges: list[int] = []
+
+    def drain() -> None:
+        edges.append(len(meter.intervals))
+        clock.now += 0.3
+
+    meter = LoopMeter(2, clock=clock, window_sync=drain)
+    ready = [4] * 12 + [3, 2, 1, 0]
+    for _ in meter.iterate(ReportingLoader(clock, [1.0] + [0.0] * 15, 4, ready)):
+        clock.now += 0.1
+    assert edges == [5, 13, 16]  # opened; where the queue fell short; the loop's end
+    assert meter.measured == [False] * 6 + [True] * 6 + [False] * 4
+    assert loop_metrics(meter, cpu_s=0.0)["images_per_s"] == pytest.approx(24 / 0.9)

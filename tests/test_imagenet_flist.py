@@ -16,7 +16,7 @@ from torch import Tensor
 
 from loaderbench.config import DatasetConfig
 from loaderbench.data import DatasetError, DatasetIndex, discover, parse_wnid
-from loaderbench.loaders import build_loader, loader_names
+from loaderbench.loaders import build_loader, file_loader_names
 from tests.conftest import (
     cpu_spec,
     folder_index,
@@ -118,7 +118,7 @@ def test_file_list_of_one_class_is_refused(tiny_root: Path, tmp_path: Path) -> N
         flist_index(tiny_root, train_list, val_list)
 
 
-@pytest.mark.parametrize("loader_name", loader_names())
+@pytest.mark.parametrize("loader_name", file_loader_names())
 def test_loaders_read_file_list_splits(tiny_root: Path, tmp_path: Path, loader_name: str) -> None:
     index = flist_index(tiny_root, *write_file_lists(tiny_root, tmp_path))
     own = loader_folders(loader_name, tmp_path)
@@ -132,7 +132,7 @@ def test_loaders_read_file_list_splits(tiny_root: Path, tmp_path: Path, loader_n
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("loader_name", loader_names())
+@pytest.mark.parametrize("loader_name", file_loader_names())
 def test_eval_py_runs_on_imagenet_file_lists(
     tiny_root: Path, tmp_path: Path, loader_name: str
 ) -> None:

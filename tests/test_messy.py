@@ -12,7 +12,7 @@ import pytest
 import torch
 from PIL import Image
 
-from loaderbench.loaders import build_loader, loader_names
+from loaderbench.loaders import build_loader, file_loader_names
 from loaderbench.loaders.spdl.decoders import Sample, is_encoded, open_file
 from loaderbench.transforms import pil_val_transform
 from tests.conftest import (
@@ -28,7 +28,7 @@ from tests.helpers import photo
 
 pytestmark = pytest.mark.slow
 
-LOADERS = loader_names()
+LOADERS = file_loader_names()
 
 
 # Valid but unusual files: each must load, with the same pixels in every loader.

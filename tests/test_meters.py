@@ -83,8 +83,10 @@ def test_loop_meter_max_batches_and_few_batches() -> None:
         clock.now += 1.0
     summary = meter.summary()
     assert summary["batches"] == 2
-    # Fewer batches than the warm-up: measure what there is after the first.
-    assert summary["images_per_s"] == pytest.approx(4 / 2.0)
+    # Fewer batches than the warm-up: no steady rate (and why), the end-to-end one beside it.
+    assert summary["images_per_s"] is None and summary["measured_batches"] == 0
+    assert "2 batches, and its window opens after 10" in summary["images_per_s_null_reason"]
+    assert summary["images_per_s_end_to_end"] == pytest.approx(4 / 2.0)
 
 
 def test_loop_meter_calls_sync() -> None:

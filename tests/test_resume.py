@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from loaderbench.loaders import loader_names
+from loaderbench.loaders import file_loader_names
 from tests.conftest import (
     REPO,
     loader_folder_overrides,
@@ -126,7 +126,7 @@ def signal_after(proc: subprocess.Popen, marker: str, signum: int, timeout: floa
     return "".join(lines) + rest
 
 
-@pytest.mark.parametrize("loader", loader_names())
+@pytest.mark.parametrize("loader", file_loader_names())
 def test_usr2_checkpoints_mid_epoch_and_the_same_command_continues(
     loader: str, uninterrupted, small_root: Path, tmp_path: Path
 ) -> None:

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from loaderbench.loaders import loader_names
+from loaderbench.loaders import file_loader_names
 from loaderbench.loaders.base import epoch_permutation, shard_indices
 from loaderbench.synthetic import SyntheticSpec, ensure_synthetic
 from tests.conftest import (
@@ -108,7 +108,7 @@ def train_run(*overrides: str, run_dir: Path, preempt: bool) -> subprocess.Compl
     return proc
 
 
-@pytest.mark.parametrize("loader", loader_names())
+@pytest.mark.parametrize("loader", file_loader_names())
 def test_a_resume_after_an_all_unreadable_batch_trains_no_batch_twice(
     loader: str, bad_batch_root: Path, tmp_path: Path
 ) -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from loaderbench.loaders import loader_names
+from loaderbench.loaders import file_loader_names
 from loaderbench.loaders.base import epoch_permutation, shard_indices
 from loaderbench.run.records import skipped_counts, skipped_over_ranks
 from loaderbench.synthetic import SyntheticSpec, ensure_synthetic
@@ -48,7 +48,7 @@ def test_the_session_counts_distinct_files_per_split_and_in_all(two_bad_root: Pa
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", loader_names())
+@pytest.mark.parametrize("name", file_loader_names())
 def test_two_ranks_three_epochs_report_each_skipped_file_once(
     name: str, two_bad_root: Path, tmp_path: Path
 ) -> None:

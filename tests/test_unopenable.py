@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from loaderbench.data import Split
-from loaderbench.loaders import build_loader, loader_names
+from loaderbench.loaders import build_loader, file_loader_names
 from tests.conftest import REPO, cpu_spec, folder_index, loader_folders
 
 SIZE = 32
@@ -78,7 +78,7 @@ def read_as_a_user(loader: str, split: Split, bad: Path, folder: Path) -> tuple[
     return json.loads(proc.stdout.strip().splitlines()[-1]), proc.stderr
 
 
-@pytest.mark.parametrize("loader", loader_names())
+@pytest.mark.parametrize("loader", file_loader_names())
 # no_permission reads in a process of its own: the full suite's (slow).
 @pytest.mark.parametrize(
     "kind", ["vanished", pytest.param("no_permission", marks=pytest.mark.slow)]

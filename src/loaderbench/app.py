@@ -21,6 +21,7 @@ from loaderbench.engine import consume
 from loaderbench.loaders import Loader
 from loaderbench.meters import CpuWindow
 from loaderbench.models import NO_MODEL, build_model, maybe_compile
+from loaderbench.run.ceiling import job_ceiling
 from loaderbench.run.checkpoint import load_checkpoint
 from loaderbench.run.fitting import evaluation_pass
 from loaderbench.run.fitting import fit as fit_epochs
@@ -94,6 +95,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
                 with val as val_loader:
                     for epoch_metrics in fit_epochs(session, model, loader, val_loader):
                         session.record(epoch_metrics)
+        session.record(job_ceiling(session, model, image_size, train=True))
     return session.metrics
 
 
@@ -176,4 +178,6 @@ def evaluate_checkpoint(cfg: DictConfig) -> dict[str, Any]:
             else:
                 model = maybe_compile(trained.model, config.model)
                 session.record(evaluate_model(session, model, loader))
+        evaluated = model if trained is not None else None
+        session.record(job_ceiling(session, evaluated, image_size, train=False))
     return session.metrics

@@ -225,11 +225,19 @@ class BenchConfig:
     # Evict the image files and the loader's cache files from the page cache before the run
     # (posix_fadvise DONTNEED), to measure a cold first epoch.
     drop_page_cache: bool = False
+    # A train or eval job with a model ends with a pass over loader=resident (the model's own
+    # rate: ceiling_images_per_s, ceiling_frac) of this many steady batches; 0: no pass.
+    ceiling_batches: int = 10
 
     def checks(self) -> list[Check]:
         warmup, most = self.warmup_batches, self.max_batches
         return [
             (warmup >= 0, "bench.warmup_batches must be >= 0", warmup),
+            (
+                self.ceiling_batches >= 0,
+                "bench.ceiling_batches must be >= 0",
+                self.ceiling_batches,
+            ),
             (most is None or most >= 1, "bench.max_batches must be >= 1 or null", most),
         ]
 

@@ -21,6 +21,7 @@ from typing import Any
 import psutil
 from torch.utils.data import DataLoader
 
+from loaderbench.ahead import Ahead, AheadClose, ahead_probe, first_short
 from loaderbench.gil_probe import GilProbe, gil_frac
 from loaderbench.run.stopping import raise_if_stop_requested
 
@@ -67,11 +68,15 @@ class LoopMeter:
     measured: list[bool] = field(default_factory=list)
     # Per batch: seconds ``iter(loader)`` took before it (a loop's first batch only; else 0).
     setup_s: list[float] = field(default_factory=list)
+    # Per batch: the loader's (ready, under way) batches after its step (``batches_ahead``).
+    ahead: list[Ahead] = field(default_factory=list)
     ttfb_s: float | None = None
     warmup_left: int | None = None  # warm-up batches still to come (None: warmup_batches)
     # Per batch: the GIL probe's (held, probes) over it (``gil_frac``); None: no probe.
     gil: GilProbe | None = field(default_factory=GilProbe)
     gil_counts: list[tuple[int, int]] = field(default_factory=list)
+    # Why the last loop without a steady window has none (``images_per_s`` is then null).
+    no_window_reason: str | None = None
 
     def window_opens_at(self, loader: object) -> int:
         """The batch of the next loop over ``loader`` where its measured window opens (see
@@ -101,6 +106,7 @@ class LoopMeter:
         self, loader: Iterable[Any], max_batches: int | None, opens: int, first: int, depth: int
     ) -> Iterator[Any]:
         clock, sync, edge = self.clock, self.sync, self.window_sync
+        probe, close = ahead_probe(loader), AheadClose(self, first + opens, depth > 0)
         epoch_start = clock()
         iterator = iter(loader)
         setup = clock() - epoch_start
@@ -125,12 +131,14 @@ class LoopMeter:
             yield batch
             if sync is not None:
                 sync()
+            self.ahead.append(probe())
             if edge is not None and count == opens:
                 edge()  # the warm-up's queued work is not the steady state's
             self.intervals.append(clock() - start)
             self.measured.append(count > opens)
             self.setup_s.append(setup if count == 1 else 0.0)
             self.gil_counts.append(self.gil.take() if self.gil is not None else (0, 0))
+            close.after_batch(edge)
         left = self.warmup_batches if self.warmup_left is None else self.warmup_left
         self.warmup_left = max(0, left - count)
         # The tail of an epoch (the device's queued steps, draining, worker shutdown) belongs
@@ -142,6 +150,10 @@ class LoopMeter:
             self.intervals[-1] += clock() - tail_start
         if depth > 0:
             self._open_where_the_queue_ran_dry(first + opens, depth)
+        if count and not any(self.measured[first:]):
+            at_open = first + opens - 1  # the loader's word where the window opened
+            told = 0 <= at_open < len(self.ahead) and self.ahead[at_open] is not None
+            self.no_window_reason = self._why_no_window(count, opens, depth, told)
         if isinstance(iterator, Iterator) and hasattr(iterator, "close"):
             iterator.close()  # a generator cut short by max_batches releases its resources now
 
@@ -162,8 +174,35 @@ class LoopMeter:
         dry = next((i for i in window if self.waits[i] >= empty), None)
         if dry is None and len(window) >= AHEAD_WINDOW_DEPTHS * depth:
             return
+        if dry is None:  # ahead throughout: keep the part the loader can vouch for
+            short = first_short(self.ahead, opened, window.stop)
+            if short is not None:
+                for i in range(short, window.stop):
+                    self.measured[i] = False
+                return
         for i in range(opened, window.stop if dry is None else dry):
             self.measured[i] = False
+
+    def _why_no_window(self, count: int, opens: int, depth: int, told: bool) -> str:
+        """Why a loop of ``count`` batches has no steady window (``images_per_s`` null);
+        ``told``: the loader said how far ahead it was (``Loader.batches_ahead``)."""
+        if count <= opens:
+            return (
+                f"no steady window: the loop had {count} batches, and its window opens after "
+                f"{opens} (bench.warmup_batches and the loader's head start of {depth})"
+            )
+        if told:
+            return (
+                f"no steady window: past the head start the loop took {count - opens} batches "
+                "without waiting, all of them made before the window opened (the loader's "
+                "queue ran down: the epoch's tail, or a loader falling behind)"
+            )
+        return (
+            f"no steady window: the loop never waited for the loader past the head start, "
+            f"over {count - opens} batches, fewer than {AHEAD_WINDOW_DEPTHS} queue depths of "
+            f"{depth}, and the loader could not tell that it made them inside the window "
+            "(Loader.batches_ahead)"
+        )
 
     @property
     def images(self) -> int:
@@ -177,30 +216,31 @@ class LoopMeter:
         """The loop's numbers from its batch ``since`` on (an epoch's: ``since`` is
         ``batches`` at the epoch's start). The rates count the batches in the measured window
         (``measured``); where none is (a queue deeper than the loop, or fewer batches than the
-        warm-up), every batch and the loops' set-up: the end-to-end rate, which no head start
-        can flatter (``steady_batches`` 0 says so)."""
+        warm-up), ``images_per_s`` is None with ``images_per_s_null_reason``, and the
+        end-to-end rate (every batch and the loops' set-up) stands beside it, apart."""
         n = len(self.intervals)
         chosen = [i for i in range(since, n) if self.measured[i]]
         steady = bool(chosen)
-        if not steady:
-            chosen = list(range(since, n))
         loop_s = sum(self.intervals[since:n])
         all_s = loop_s + sum(self.setup_s[since:n])
         images = sum(self.sizes[since:n])
-        steady_time = sum(self.intervals[i] for i in chosen) + (0.0 if steady else all_s - loop_s)
+        steady_time = sum(self.intervals[i] for i in chosen)
         steady_images = sum(self.sizes[i] for i in chosen)
-        steady_wait = sum(self.waits[i] for i in chosen)
         held = sum(self.gil_counts[i][0] for i in chosen)
         probes = sum(self.gil_counts[i][1] for i in chosen)
+        # No window: the wait over the whole loop (its set-up included), for what it says.
+        wait_time = steady_time if steady else all_s
+        waited = sum(self.waits[i] for i in (chosen if steady else range(since, n)))
         return {
             "images": images,
             "batches": n - since,
-            "images_per_s": steady_images / steady_time if steady_time > 0 else None,
+            "images_per_s": steady_images / steady_time if steady and steady_time > 0 else None,
             "images_per_s_end_to_end": images / all_s if all_s > 0 else None,
+            "images_per_s_null_reason": None if steady or n == since else self.no_window_reason,
             "ttfb_s": self.ttfb_s,
-            "data_wait_frac": steady_wait / steady_time if steady_time > 0 else None,
+            "data_wait_frac": waited / wait_time if wait_time > 0 else None,
             "loop_s": loop_s,
-            "measured_batches": len(chosen) if steady else 0,
+            "measured_batches": len(chosen),
             "gil_frac": gil_frac(held, probes),
         }
 
@@ -390,7 +430,8 @@ def loop_metrics(meter: LoopMeter, cpu_s: float, since: int = 0) -> dict[str, An
         "images": images,
         "images_per_s": summary["images_per_s"],
         "images_per_s_end_to_end": summary["images_per_s_end_to_end"],
-        # Batches images_per_s counts; 0: none past the head start, it is the end-to-end rate.
+        "images_per_s_null_reason": summary["images_per_s_null_reason"],
+        # Batches images_per_s counts; 0: no steady window, images_per_s is null.
         "steady_batches": summary["measured_batches"],
         "ttfb_s": summary["ttfb_s"],
         "data_wait_frac": summary["data_wait_frac"],

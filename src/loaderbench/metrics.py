@@ -53,6 +53,15 @@ def _per_1k(metrics: Mapping[str, Any]) -> float | None:
     return 1000 * metrics["cpu_s"] / images if images else None
 
 
+def ceiling_fraction(images_per_s: float | None, ceiling: float | None) -> float | None:
+    """``ceiling_frac``: images/s over the ceiling's (None where either is missing)."""
+    return images_per_s / ceiling if images_per_s is not None and ceiling else None
+
+
+def _ceiling_frac(metrics: Mapping[str, Any]) -> float | None:
+    return ceiling_fraction(metrics.get("images_per_s"), metrics.get("ceiling_images_per_s"))
+
+
 METRICS: tuple[Metric, ...] = (
     Metric("status", "ok, failed, or running (the run has not ended)", summary=True, digits=None),
     Metric("loader", "the loader's name", summary=True, digits=None),
@@ -83,7 +92,39 @@ METRICS: tuple[Metric, ...] = (
         epoch_summary="mean,last",
         epoch_curve=True,
     ),
+    Metric(
+        "images_per_s_null_reason",
+        "why images_per_s is null (no steady window); absent or null where it is a rate",
+        summary=True,
+        digits=None,
+    ),
     Metric("steady_batches", "batches images_per_s counts (0: none; rank 0's)", summary=True),
+    Metric(
+        "ceiling_images_per_s",
+        "loader=resident's images/s at the same model, image size, batch, precision and "
+        "device: the model's own rate (the job's resident pass, or the sweep's resident job)",
+        "sum",
+        summary=True,
+        report_decimals=1,
+    ),
+    Metric(
+        "ceiling_frac",
+        "images_per_s over ceiling_images_per_s (null where either is; then see "
+        "ceiling_frac_null_reason)",
+        "derived",
+        summary=True,
+        derive=_ceiling_frac,
+        report_decimals=3,
+        report_title="ceiling_frac",
+    ),
+    Metric("ceiling_frac_null_reason", "why ceiling_frac is null", summary=True, digits=None),
+    Metric(
+        "ceiling_from",
+        "where the ceiling came from: the job's resident pass, the job itself "
+        "(loader=resident), or the sweep's resident job",
+        summary=True,
+        digits=None,
+    ),
     Metric(
         "ttfb_s",
         "seconds from the loop's start to the first batch",
@@ -200,7 +241,7 @@ def summary_keys() -> list[str]:
 def report_columns() -> list[Metric]:
     """The benchmark report's figures of a pipeline, in the order of its table: the rate
     first (the columns computed from it follow it there), then the costs."""
-    order = ("images_per_s", "cpu_s_per_1k_images", "data_wait_frac", "ttfb_s")
+    order = ("images_per_s", "cpu_s_per_1k_images", "data_wait_frac", "ttfb_s", "ceiling_frac")
     columns = [BY_KEY[key] for key in order]
     assert {m.key for m in METRICS if m.report_title} == set(order), "a report column unplaced"
     return columns
@@ -219,9 +260,11 @@ def epoch_curves(rates: Mapping[str, Any]) -> dict[str, Any]:
 
 def rates_text(rates: Mapping[str, Any]) -> str:
     """A loop's rate and data wait in words (a log line), with the slowest rank's wait in a
-    data-parallel run; an unmeasured rate reads as 0."""
+    data-parallel run; a loop with no steady window says so (never a rate of 0)."""
     wait = 100 * (rates.get("data_wait_frac") or 0.0)
-    text = f"{rates.get('images_per_s') or 0.0:.1f} images/s, data wait {wait:.1f}%"
+    rate = rates.get("images_per_s")
+    said = "no steady window" if rate is None else f"{rate:.1f} images/s"
+    text = f"{said}, data wait {wait:.1f}%"
     slowest = rates.get("slowest_rank")
     if slowest is None:
         return text
@@ -264,10 +307,12 @@ def combine_over_ranks(
     for op in ("sum", "max", "mean"):
         keys = [m.key for m in declared if m.over_ranks == op]
         if keys:
-            values = [float(metrics.get(key) or 0.0) for key in keys]
+            # A value missing on a rank (a rate with no steady window) travels as NaN, which
+            # every reduction keeps: the combined value is then missing too, never a partial sum.
+            values = [_or_nan(metrics.get(key)) for key in keys]
             values = all_reduce(values, "sum" if op == "mean" else op)
             for key, value in zip(keys, values, strict=True):
-                out[key] = value / world_size if op == "mean" else value
+                out[key] = None if value != value else value / world_size if op == "mean" else value
     for metric in declared:
         if metric.over_ranks == "derived" and metric.derive:
             out[metric.key] = metric.derive(out)
@@ -275,6 +320,10 @@ def combine_over_ranks(
     if "images" in out:
         out["images"] = int(out["images"])
     return out
+
+
+def _or_nan(value: Any) -> float:
+    return float("nan") if value is None else float(value)
 
 
 def _by_rank(

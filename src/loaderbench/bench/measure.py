@@ -52,7 +52,7 @@ from loaderbench.bench.render import render
 from loaderbench.bench.render_cores import add_gpu_options, checked_gpu_options
 from loaderbench.bench.schema import AutoRow, GpuModelRate, Machine, Options, Report, Row
 from loaderbench.bench.stores import measure_stores
-from loaderbench.loaders import loader_names, settings_class
+from loaderbench.loaders import file_loader_names, settings_class
 from loaderbench.metrics import report_columns
 from loaderbench.synthetic import SyntheticSpec, ensure_synthetic
 
@@ -67,7 +67,7 @@ def auto_swept() -> list[str]:
     """Each loader once more with the count left to its probe, probing afresh every time (a
     choice remembered from the run before would cost nothing and measure nothing)."""
     return [
-        f"loader={','.join(loader_names())}",
+        f"loader={','.join(file_loader_names())}",
         "loader.num_workers=auto",
         "loader.autotune.refresh=true",
     ]
@@ -103,7 +103,8 @@ def sweep_command(
     script = "eval.py" if task == "val" else "train.py"
     if swept is None:
         workers = ",".join(map(str, opts.workers))
-        swept = [f"loader={','.join(loader_names())}", f"loader.num_workers={workers}"]
+        # The loaders that read the files: loader=resident alone (model=none) measures no work.
+        swept = [f"loader={','.join(file_loader_names())}", f"loader.num_workers={workers}"]
     cmd = [
         sys.executable,
         str(REPO / script),
@@ -216,6 +217,7 @@ def loader_rows(task: str, runs: list[dict[str, str]], limits: Limits) -> list[R
                 **{m.key: number(run.get(m.key)) for m in report_columns()},
                 note=row_note(run),
                 kind="loader",
+                ceiling_frac_null_reason=run.get("ceiling_frac_null_reason") or None,
                 **held_to(bounds, limits),
             )
         )
@@ -249,8 +251,9 @@ def parse_options(argv: list[str] | None = None) -> tuple[Options, GpuModelRate 
     add_gpu_options(parser, defaults=True)  # "How many cores feed my GPUs?"
     args = parser.parse_args(argv)
     model_rate = checked_gpu_options(parser, args)
-    if args.baseline not in loader_names():
-        parser.error(f"--baseline {args.baseline!r}: choose one of {list(loader_names())}")
+    if args.baseline not in file_loader_names():
+        choices = list(file_loader_names())
+        parser.error(f"--baseline {args.baseline!r}: choose one of {choices}")
     workers = (
         tuple(int(w) for w in args.workers.split(","))
         if args.workers

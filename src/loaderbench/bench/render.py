@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any
 
 from loaderbench.bench import render_cores
+from loaderbench.bench.render_stores import ffcv_store_lines, store_lines
+from loaderbench.bench.render_stores import fmt as _fmt
+from loaderbench.bench.render_stores import rate as _rate
 from loaderbench.bench.schema import (
-    CORES,
     DALI_NAMES,
     FFCV_NAMES,
     LIMIT_NAMES,
@@ -25,7 +26,6 @@ from loaderbench.bench.schema import (
     DecodeLimit,
     Report,
     Row,
-    StoreRow,
 )
 from loaderbench.metrics import report_cell, report_columns
 
@@ -33,18 +33,6 @@ REPO = Path(__file__).resolve().parents[3]
 # The FFCV store a row is held against: stored pixels for the readers of stored pixels, the
 # JPEG store for everything that decodes JPEGs.
 PEER_STORE = {bound: "raw" for bound in STORED_PIXELS}
-
-
-def _fmt(value: Any, digits: int = 1) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, float):
-        return f"{value:,.{digits}f}"
-    return str(value)
-
-
-def _rate(row: Row) -> float:
-    return row.images_per_s or 0.0
 
 
 def header_lines(report: Report) -> list[str]:
@@ -243,6 +231,7 @@ def pipeline_lines(rows: list[Row]) -> list[str]:
             )
             for row in rows
         ),
+        *ceiling_lines(rows),
     ]
 
 
@@ -252,6 +241,20 @@ def pipeline_header() -> str:
     rate, *costs = (metric.report_title for metric in report_columns())
     titles = ["pipeline", "loader", "workers", rate, "share of limit", "limit", "vs DALI"]
     return "| " + " | ".join([*titles, "vs FFCV", *costs, "note"]) + " |"  # type: ignore[list-item]
+
+
+# The benchmark runs every pipeline, the project's and the peers', alone (model=none).
+NO_MODEL = "the pipeline ran alone (model=none): with no model there is no ceiling to hold it to"
+
+
+def ceiling_lines(rows: list[Row]) -> list[str]:
+    """Why rows state no ``ceiling_frac``: each reason once, with how many rows give it."""
+    reasons: dict[str, int] = {}
+    for row in rows:
+        if row.ceiling_frac is None:
+            reason = row.ceiling_frac_null_reason or NO_MODEL
+            reasons[reason] = reasons.get(reason, 0) + 1
+    return ["", *(f"ceiling_frac null in {n} rows: {why}." for why, n in reasons.items())]
 
 
 def pipeline_line(row: Row, dali: Row | None = None, ffcv: Row | None = None) -> str:
@@ -338,63 +341,6 @@ def stored_vs_tutorial_lines(rows: list[Row]) -> list[str]:
                     f"{best / _rate(tutorial[task]):.1f}x"
                 )
     return lines
-
-
-def store_lines(rows: list[StoreRow]) -> list[str]:
-    """The memmap stores projected to ImageNet: one line a (pipeline, store)."""
-    cores = " | ".join(f"build at {c} cores" for c in CORES)
-    lines = [
-        "## The memmap stores, projected to ImageNet",
-        "",
-        "Bytes per image as stored here, times 1,281,167 train or 50,000 val images; build "
-        "time from this machine's build rate per core (decode, resize, and for jpeg re-encode).",
-        "",
-        f"| split | store | bytes / image | ImageNet store | images/s | {cores} |",
-        "|---|---|---|---|---|" + "---|" * len(CORES),
-    ]
-    for row in rows:
-        minutes = " | ".join(f"{row.build_minutes(c):.1f} min" for c in CORES)
-        speed = f"{row.images_per_s:,.1f}" if row.images_per_s else "-"
-        lines.append(
-            f"| {row.pipeline} | {row.store} | {row.bytes_per_image:,.0f} | "
-            f"{row.imagenet_gb:,.1f} GB | {speed} | {minutes} |"
-        )
-    return [*lines, ""]
-
-
-def ffcv_store_lines(rows: list[Row], stores: list[StoreRow], workers: int) -> list[str]:
-    """Each memmap store beside FFCV's of the same kind and split, at ``workers`` (the store
-    runs' worker count): bytes per image, images/s, CPU; nothing without FFCV rows."""
-    ffcv = {
-        (r.pipeline, r.extra["store"]): r
-        for r in rows
-        if r.name in FFCV_NAMES.values() and r.workers == workers
-    }
-    pairs = [(s, ffcv[(s.pipeline, s.store)]) for s in stores if (s.pipeline, s.store) in ffcv]
-    if not pairs:
-        return []
-    lines = [
-        "## FFCV's stores beside memmap's",
-        "",
-        f"At {workers} workers. FFCV's stores are written at memmap's train store's long side "
-        "and JPEG quality; their bytes are the images' own (pixels or JPEG), the file's add "
-        "header and page padding. memmap's val stores hold the exact centre crops, FFCV's the "
-        "shrunk whole image (cropped and resized at load).",
-        "",
-        "| split | store | bytes / image: memmap | FFCV | FFCV file | images/s: memmap | FFCV "
-        "| memmap / FFCV | CPU s / 1k images: memmap | FFCV |",
-        "|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for ours, peer in pairs:
-        faster = ours.images_per_s / _rate(peer) if ours.images_per_s and _rate(peer) else None
-        lines.append(
-            f"| {ours.pipeline} | {ours.store} / {peer.extra['write_mode']} | "
-            f"{ours.bytes_per_image:,.0f} | {peer.extra['payload_bytes_per_image']:,.0f} | "
-            f"{peer.extra['bytes_per_image']:,.0f} | {_fmt(ours.images_per_s)} | "
-            f"{_fmt(peer.images_per_s)} | {_fmt(faster, 2)}{'x' if faster else ''} | "
-            f"{_fmt(ours.cpu_s_per_1k_images, 2)} | {_fmt(peer.cpu_s_per_1k_images, 2)} |"
-        )
-    return ["", *lines]
 
 
 def auto_lines(report: Report, tolerance: float = 0.05) -> list[str]:

@@ -169,6 +169,10 @@ class Row:
     extra: dict[str, Any] = field(default_factory=dict)
     kind: str = "peer"  # loader (one of the project's) | peer
     bounds: tuple[str, ...] = ()  # what bounds its work (LIMIT_NAMES' kinds and yardsticks)
+    # images/s over the model's own rate (loader=resident at the same settings), and why it
+    # is null: a model=none row has no model, so no ceiling (docs/metrics.md, "ceiling_frac").
+    ceiling_frac: float | None = None
+    ceiling_frac_null_reason: str | None = None
 
     @property
     def share(self) -> float | None:

@@ -48,6 +48,11 @@ def loader_names() -> tuple[str, ...]:
     return tuple(sorted(module.name for module in pkgutil.iter_modules(__path__) if module.ispkg))
 
 
+def file_loader_names() -> tuple[str, ...]:
+    """The loaders that read the data set's files: all but the ceiling, ``resident``."""
+    return tuple(name for name in loader_names() if settings_class(name).reads_files())
+
+
 def settings_class(name: str) -> type[LoaderSettings]:
     """The typed settings of loader ``name``."""
     if name not in loader_names():
@@ -85,6 +90,7 @@ __all__ = [
     "LoaderSettings",
     "LoaderSpec",
     "build_loader",
+    "file_loader_names",
     "loader_names",
     "prepare_loader",
     "register_loader",

@@ -179,6 +179,14 @@ class Loader(abc.ABC):
         workers = self.spec.num_workers
         return max(self.spec.prefetch, workers) if workers > 0 else 0
 
+    def batches_ahead(self) -> tuple[int, int] | None:
+        """(batches made and waiting for the loop, batches being made) now: asked after every
+        step, it lets the meter keep the steady window of a loop that never waits (the model
+        the bottleneck) where the loader vouches that it made the loop's batches inside the
+        window (``meters.first_short``). None: it cannot tell (the window then needs
+        ``AHEAD_WINDOW_DEPTHS`` queue depths)."""
+        return None
+
     def queued_at_start(self) -> int:
         """Batches the next iteration may find decoded before it asks for any: work done
         between epochs. 0 for a loader that starts each epoch when it is iterated."""

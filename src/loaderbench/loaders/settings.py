@@ -127,6 +127,20 @@ class LoaderSettings:
         (tests/test_loader_contract.py) runs every one. One, its defaults, unless it has more."""
         return [{}]
 
+    @classmethod
+    def reads_files(cls) -> bool:
+        """Whether this loader reads the data set's image files (every loader but
+        ``resident``, which serves a batch made once): the tests about files and pixels, and
+        the benchmark's loader rows, take the loaders that do (``file_loader_names``)."""
+        return True
+
+    @classmethod
+    def contract_exemptions(cls) -> dict[str, str]:
+        """Clauses of the loader contract (tests/test_loader_contract.py) that cannot hold
+        for this loader by design -> why; the suite names each exemption where it applies.
+        None by default."""
+        return {}
+
     def work_bounds(self, train: bool) -> tuple[str, ...]:
         """What bounds this loader's work per image on the train (else val) pipeline, so that
         the benchmark holds its rows to the limit of the same work: first one of "decode"

@@ -179,6 +179,11 @@ class MemmapLoader(Loader):
         loop's thread when asked)."""
         return self.batches_in_flight() if self.spec.num_workers > 0 else 0
 
+    def batches_ahead(self) -> tuple[int, int] | None:
+        """The reading threads' batches read and being read (None: read in the loop's thread)."""
+        reading = self._reading
+        return reading.in_flight() if reading is not None and self.spec.num_workers else None
+
     def _read(self, epoch: int, indices: torch.Tensor) -> _Gathered | None:
         """Read one batch of the order (runs in a reading thread), less the files the cache
         was built without; None when all its files were."""

@@ -56,6 +56,7 @@ class ReadingThreads(Generic[T]):
             initializer=serial_torch_in_this_thread,
         )
         self._ahead: _Ahead[T] | None = None
+        self._pending: deque[Job] = deque()  # the iteration under way's batches in flight
 
     def iterate(
         self, epoch: int, batches: list[torch.Tensor], from_start: bool, read_ahead: bool
@@ -63,6 +64,7 @@ class ReadingThreads(Generic[T]):
         """``(indices, read(epoch, indices))`` for each of ``batches``, in order; ``from_start``:
         they are the epoch's from its first; ``read_ahead``: go on into ``epoch + 1``."""
         pending: deque[Job] = self._adopt(epoch, batches) if from_start else deque()
+        self._pending = pending
         self._drop_ahead()
         jobs = iter(batches[len(pending) :])
 
@@ -86,6 +88,13 @@ class ReadingThreads(Generic[T]):
             # batches not started are dropped, the ones being read finish (they write into
             # pooled buffers) before the iterator is gone.
             wait([future for _, future in pending if not future.cancel()])
+
+    def in_flight(self) -> tuple[int, int]:
+        """(batches read and waiting for the caller, batches being read) of the iteration
+        under way: what the loop's meter asks after each step (``Loader.batches_ahead``)."""
+        pending = list(self._pending)
+        done = sum(future.done() for _, future in pending)
+        return done, len(pending) - done
 
     def _adopt(self, epoch: int, batches: list[torch.Tensor]) -> deque[Job]:
         """The batches read ahead for this epoch, where they are its first batches."""

@@ -1,0 +1,151 @@
+"""The model's own rate in a job: ``ceiling_images_per_s`` and ``ceiling_frac``.
+
+A train or eval job with a model ends with a short pass over ``loader=resident`` (a batch of
+the run's shape made once on the run's device, no decode) at the run's model, image size,
+batch, precision and device: the rate the model runs at when nothing waits for data. The pass
+runs on a deep copy of the trained model (train.py: with an optimizer and schedule of the
+run's kind, built for the copy), with the random streams restored after it, so the run's
+weights, optimizer state, accuracy and checkpoint are untouched. ``bench.ceiling_batches``
+sets its steady batches (0: no pass; ``ceiling_frac`` is then null and says why). A sweep that
+holds ``loader=resident`` jobs takes the ceiling from them instead (``loaderbench.sweeps``).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import logging
+from typing import Any
+
+from torch import nn
+
+from loaderbench.engine import TrainStep, evaluate, train_one_epoch
+from loaderbench.loaders import Loader, build_loader, settings_class
+from loaderbench.meters import LoopMeter
+from loaderbench.metrics import ceiling_fraction
+from loaderbench.models import maybe_compile
+from loaderbench.optim import build_optimizer, build_scheduler
+from loaderbench.run import distributed
+from loaderbench.run.checkpoint import rng_state, set_rng_state
+from loaderbench.run.session import Session
+
+log = logging.getLogger(__name__)
+
+RESIDENT = "resident"
+NO_MODEL_REASON = "model=none: the loader alone has no model, so no ceiling"
+
+
+def no_ceiling(reason: str) -> dict[str, Any]:
+    return {"ceiling_images_per_s": None, "ceiling_frac": None, "ceiling_frac_null_reason": reason}
+
+
+def with_ceiling(metrics: dict[str, Any], ceiling: float | None, source: str) -> dict[str, Any]:
+    """``ceiling_images_per_s``, ``ceiling_frac`` and where the ceiling came from, for
+    ``metrics`` (a loop's: its ``images_per_s``); the reason where the fraction is null."""
+    frac = ceiling_fraction(metrics.get("images_per_s"), ceiling)
+    reason = None
+    if ceiling is None:
+        reason = f"no ceiling measured ({source})"
+    elif frac is None:
+        reason = f"images_per_s is null: {metrics.get('images_per_s_null_reason')}"
+    return {
+        "ceiling_images_per_s": ceiling,
+        "ceiling_frac": frac,
+        "ceiling_frac_null_reason": reason,
+        "ceiling_from": source,
+    }
+
+
+def resident_loader(session: Session, split: str, train: bool, image_size: int) -> Loader:
+    """``loader=resident`` for the run's split, at the run's batch size."""
+    spec = session.loader_spec(split, train=train, image_size=image_size)
+    settings = settings_class(RESIDENT)(name=RESIDENT, batch_size=spec.batch_size)
+    return build_loader(dataclasses.replace(spec, settings=settings))
+
+
+def measured_rate(meter: LoopMeter) -> float | None:
+    summary = meter.summary()
+    return summary["images_per_s"] if summary["measured_batches"] else None
+
+
+def _passes(loader: Loader, meter: LoopMeter, wanted: int, run_pass: Any) -> None:
+    """Loops over ``loader`` (past the meter's warm-up) until its window holds ``wanted``
+    batches, or a loop brings none (a split shorter than a batch)."""
+    epoch = 0
+    while (steady := meter.summary()["measured_batches"]) < wanted:
+        warmup = meter.warmup_batches if meter.warmup_left is None else meter.warmup_left
+        before = meter.batches
+        loader.set_epoch(epoch)
+        run_pass(loader, meter, warmup + wanted - steady)
+        if meter.batches == before:
+            return
+        epoch += 1
+
+
+def training_ceiling(session: Session, model: nn.Module, image_size: int) -> float | None:
+    """images/s of the run's training step on a copy of ``model`` fed by ``loader=resident``."""
+    config, device = session.config, session.device
+    twin = copy.deepcopy(model)
+    optimizer = build_optimizer(config.optim, twin, device)
+    step = TrainStep(
+        model=maybe_compile(twin, config.model),
+        optimizer=optimizer,
+        scheduler=build_scheduler(config.scheduler, optimizer, 1, max(1, config.epochs)),
+        criterion=nn.CrossEntropyLoss(label_smoothing=config.train.label_smoothing),
+        precision=session.precision,
+        scaler=session.precision.grad_scaler(device),
+        device=device,
+        grad_clip=config.train.grad_clip,
+    )
+    meter = session.meter()
+
+    def run_pass(loader: Loader, meter: LoopMeter, left: int) -> None:
+        train_one_epoch(step, loader, meter, max_batches=left, desc="ceiling")
+
+    with resident_loader(session, "train", True, image_size) as loader:
+        _passes(loader, meter, config.bench.ceiling_batches, run_pass)
+    return measured_rate(meter)
+
+
+def evaluation_ceiling(session: Session, model: nn.Module, image_size: int) -> float | None:
+    """images/s of the run's evaluation forward pass on ``model`` fed by ``loader=resident``."""
+    meter = session.meter()
+
+    def run_pass(loader: Loader, meter: LoopMeter, left: int) -> None:
+        evaluate(model, loader, session.precision, session.device, meter, max_batches=left)
+
+    with resident_loader(session, "val", False, image_size) as loader:
+        _passes(loader, meter, session.config.bench.ceiling_batches, run_pass)
+    return measured_rate(meter)
+
+
+def job_ceiling(
+    session: Session, model: nn.Module | None, image_size: int, *, train: bool
+) -> dict[str, Any]:
+    """The job's ceiling figures for its recorded ``images_per_s``: measured in a short pass,
+    the job's own rate where it ran ``loader=resident``, or null with the reason."""
+    metrics = session.metrics
+    if model is None:
+        return no_ceiling(NO_MODEL_REASON)
+    if session.config.loader.name == RESIDENT:
+        return with_ceiling(metrics, metrics.get("images_per_s"), "this job (loader=resident)")
+    wanted = session.config.bench.ceiling_batches
+    if wanted == 0:
+        return no_ceiling("bench.ceiling_batches=0: no ceiling pass")
+    state = rng_state()
+    try:
+        measure = training_ceiling if train else evaluation_ceiling
+        rate = measure(session, model, image_size)
+    finally:
+        set_rng_state(state)
+    if session.dist.world_size > 1:  # the ranks' rates add up, as images_per_s's do
+        (total,) = distributed.all_reduce([float("nan") if rate is None else rate])
+        rate = None if total != total else total
+    result = with_ceiling(metrics, rate, "this job's resident pass")
+    log.info(
+        "ceiling (loader=resident, %d steady batches): %s images/s; ceiling_frac %s",
+        wanted,
+        f"{rate:.1f}" if rate else None,
+        f"{result['ceiling_frac']:.3f}" if result["ceiling_frac"] is not None else None,
+    )
+    return result
