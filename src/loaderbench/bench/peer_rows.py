@@ -62,8 +62,9 @@ def _measure_once(loader: Any, epochs: int) -> dict[str, Any]:
 
 
 def measured_row(task: str, name: str, workers: int, result: dict[str, Any], **kwargs: Any) -> Row:
-    """A row of a pipeline timed in this process (``kwargs``: its bounds and limit, a note)."""
-    figures = {metric.key: result[metric.key] for metric in report_columns()}
+    """A row of a pipeline timed in this process (``kwargs``: its bounds and limit, a note);
+    a pipeline timed alone has no model, so no ceiling (``ceiling_frac`` null)."""
+    figures = {metric.key: result.get(metric.key) for metric in report_columns()}
     return Row(task, name, workers, **figures, **kwargs)
 
 
