@@ -153,6 +153,21 @@ def checked_files(path: Path, index: DatasetIndex, watched: dict[str, int]) -> D
     return replace(index, checked="files")
 
 
+def process_start_time() -> float:
+    """When this process started, in ``time.time()``'s seconds, to a clock tick (10 ms).
+    psutil's ``create_time`` adds the start's ticks to the boot time in whole seconds
+    (``/proc/stat``'s ``btime``), so it may fall up to a second early, and an index another
+    process wrote just before this one started would pass for this job's."""
+    try:
+        with open("/proc/self/stat", "rb") as stat:
+            fields = stat.read().rsplit(b")", 1)[1].split()
+        ticks = int(fields[19])  # starttime, the 22nd field; the first two precede ")"
+    except (OSError, IndexError, ValueError):
+        return psutil.Process().create_time()
+    boot = time.time() - time.clock_gettime(time.CLOCK_BOOTTIME)
+    return boot + ticks / os.sysconf("SC_CLK_TCK")
+
+
 def indexed(
     root: Path,
     lists: dict[str, Path],
@@ -164,7 +179,7 @@ def indexed(
     """The data set's index: loaded when current (``check``: checked file by file, or by its
     folders only), else scanned (by one process at a time)."""
     path = index_file(index_dir, root, lists)
-    started = psutil.Process().create_time()
+    started = process_start_time()
     lock = FileLock(path.with_suffix(".lock"), f"Waiting for another process scanning {root} ...")
     with lock:
         # Written or checked since this process started: by a rank of this job.

@@ -65,7 +65,13 @@ def _ceiling_frac(metrics: Mapping[str, Any]) -> float | None:
 METRICS: tuple[Metric, ...] = (
     Metric("status", "ok, failed, or running (the run has not ended)", summary=True, digits=None),
     Metric("loader", "the loader's name", summary=True, digits=None),
-    Metric("model", "the model's name (none: the loader alone)", summary=True, digits=None),
+    Metric(
+        "model",
+        "the model's name (none: the loader alone)",
+        summary=True,
+        digits=None,
+        gpu_check=True,
+    ),
     Metric("device", "the device the batches land on", summary=True, digits=None),
     Metric("batch_size", "images a batch, per rank", summary=True, digits=None),
     Metric("num_workers", "the worker count the run used", summary=True, digits=None),
@@ -91,6 +97,7 @@ METRICS: tuple[Metric, ...] = (
         summary=True,
         epoch_summary="mean,last",
         epoch_curve=True,
+        gpu_check=True,
     ),
     Metric(
         "images_per_s_null_reason",
@@ -98,7 +105,12 @@ METRICS: tuple[Metric, ...] = (
         summary=True,
         digits=None,
     ),
-    Metric("steady_batches", "batches images_per_s counts (0: none; rank 0's)", summary=True),
+    Metric(
+        "steady_batches",
+        "batches images_per_s counts (0: none; rank 0's)",
+        summary=True,
+        gpu_check=True,
+    ),
     Metric(
         "ceiling_images_per_s",
         "loader=resident's images/s at the same model, image size, batch, precision and "
@@ -106,6 +118,7 @@ METRICS: tuple[Metric, ...] = (
         "sum",
         summary=True,
         report_decimals=1,
+        gpu_check=True,
     ),
     Metric(
         "ceiling_frac",
@@ -116,6 +129,7 @@ METRICS: tuple[Metric, ...] = (
         derive=_ceiling_frac,
         report_decimals=3,
         report_title="ceiling_frac",
+        gpu_check=True,
     ),
     Metric("ceiling_frac_null_reason", "why ceiling_frac is null", summary=True, digits=None),
     Metric(
@@ -157,6 +171,7 @@ METRICS: tuple[Metric, ...] = (
         "mean",
         summary=True,
         report_decimals=3,
+        gpu_check=True,
     ),
     Metric("loop_s", "the main loop's wall seconds (mean over ranks)", "mean"),
     Metric("cpu_s", "CPU seconds of the process trees in the loop", "sum"),
@@ -249,8 +264,24 @@ def report_columns() -> list[Metric]:
 
 def gpu_check_columns() -> list[str]:
     """The figures a row of the GPU check's job tables shows (from each job's
-    metrics.json), in declaration order."""
-    return [metric.key for metric in METRICS if metric.gpu_check]
+    metrics.json), in the order of its columns: what ran, the rate and its share of the
+    ceiling with what they rest on, then the costs."""
+    order = (
+        "model",
+        "images_per_s",
+        "ceiling_frac",
+        "ceiling_images_per_s",
+        "steady_batches",
+        "images_per_s_end_to_end",
+        "data_wait_frac",
+        "cpu_s_per_1k_images",
+        "gil_frac",
+        "ttfb_s",
+        "peak_rss_mb",
+        "skipped_files",
+    )
+    assert {m.key for m in METRICS if m.gpu_check} == set(order), "a GPU check column unplaced"
+    return list(order)
 
 
 def epoch_curves(rates: Mapping[str, Any]) -> dict[str, Any]:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from loaderbench.metrics import BY_KEY, report_cell
+from loaderbench.metrics import BY_KEY, gpu_check_columns, report_cell
 from loaderbench.run_folders import read_jobs
 from tools.gpu_check.decode_table import decode_lines
 from tools.gpu_check.machine import PACKAGES
@@ -30,19 +30,7 @@ from tools.gpu_check.sharing import sharing_lines
 # skipped_files: a decoder that fails on every image (a library that loads but cannot decode
 # here) shows up there.
 CEILING = "ceiling_frac"
-ROW_METRICS = (
-    "model",
-    "images_per_s",
-    CEILING,
-    "ceiling_images_per_s",
-    "steady_batches",
-    "images_per_s_end_to_end",
-    "data_wait_frac",
-    "cpu_s_per_1k_images",
-    "ttfb_s",
-    "peak_rss_mb",
-    "skipped_files",
-)
+ROW_METRICS = tuple(gpu_check_columns())
 RESIDENT = "resident"  # the loader whose rate is the model's ceiling (its rows' ceiling is 1)
 # The overrides that tell the jobs of one sweep apart.
 VARIANT_KEYS = ("loader.store", "loader.val_store", "loader.decoder")
