@@ -175,8 +175,8 @@ def test_loader_rows_are_the_sweeps_figures(bench: dict[str, Any]) -> None:
 
 def test_the_decode_limit_is_computed_from_its_measurements(bench: dict[str, Any]) -> None:
     limit = bench["json"]["decode_limit"]
-    # Measured over every val image the loaders read (4 classes x 24 in quick mode).
-    assert {r["images"] for r in limit["rates"]} == {96} and limit["pool"]["images"] == 96
+    # Measured over every val image the loaders read (4 classes x 48 in quick mode).
+    assert {r["images"] for r in limit["rates"]} == {192} and limit["pool"]["images"] == 192
     for rate in [*limit["rates"], limit["pool"]]:
         assert rate["images_per_s"] == pytest.approx(rate["images"] / rate["wall_s"])
     best = max(limit["rates"], key=lambda r: r["images_per_s"])
@@ -188,13 +188,13 @@ def test_the_decode_limit_is_computed_from_its_measurements(bench: dict[str, Any
 
 def test_the_crop_limit_is_the_train_crop_of_stored_rows(bench: dict[str, Any]) -> None:
     """Readers of stored train rows are held to cores x the fastest single-core crop, resize
-    and flip of the train images as memmap's raw store keeps them (4 classes x 24 here)."""
+    and flip of the train images as memmap's raw store keeps them (4 classes x 48 here)."""
     crop = bench["json"]["crop_limit"]
     assert crop["job"] == "train crop + resize + flip"
     assert crop["title"] == "crop-and-resize limit"
     ways = {"batch-loop", "torch-into-batch", "torch-new-tensor"}
     assert {r["name"] for r in crop["rates"]} == ways
-    assert {r["images"] for r in crop["rates"]} == {96} and crop["pool"]["images"] == 96
+    assert {r["images"] for r in crop["rates"]} == {192} and crop["pool"]["images"] == 192
     # The pool: the faster of the best way's and the loader's own (a batch a call, no GIL).
     pools = {f"{way} x {crop['cores']} threads" for way in (crop["best"], "batch-loop")}
     assert crop["pool"]["name"] in pools

@@ -437,4 +437,4 @@ def test_the_documented_launch_outlives_its_ranks_preempted_and_the_same_command
     done = finish(start_torchrun(*args, **launch), 900)  # the same command
     metrics = read_metrics(run_dir)
     assert metrics["status"] == "ok" and metrics["requeues"] == 1, done[-3000:]
-    same_as_uninterrupted(checkpoint(run_dir), metrics, elastic_root, tmp_path)
+    same_as_uninterrupted(checkpoint(run_dir), metrics, elastic_root, tmp_path, "torchvision")

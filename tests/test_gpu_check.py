@@ -84,12 +84,14 @@ def test_the_dry_run_runs_every_cpu_phase_and_writes_the_report(tmp_path: Path) 
     assert table["projection"] == "0" and next(iter(table)) == "env-quick"
     assert check_log.index("[env-quick]") < check_log.index("[kit]")
     # The decode phase ran its CPU equivalent: a row a case, in the report and in decode.json.
-    assert "## Batched JPEG decode" in report and "| nvimgcodec cpu | region |" in report
+    assert "## The decoder table" in report and "| nvimgcodec cpu | region |" in report
     assert json.loads((out / "decode.json").read_text())["device"] == "cpu"
     # Every row states its steady batches and its share of the resident row's rate: the
     # resident rows 1, the others a fraction (the metric catalog's names head the columns).
     header = next(line for line in report.splitlines() if line.startswith("| loader |"))
-    assert "| images_per_s | ceiling_frac | steady_batches |" in header, header
+    assert "| images_per_s | ceiling_frac | ceiling_images_per_s | steady_batches |" in header, (
+        header
+    )
     resident = [line for line in report.splitlines() if line.startswith("| resident |")]
     assert resident and all(re.search(r"\| 1(\.0+)? \|", line) for line in resident), resident
     ladder = [line for line in report.splitlines() if line.startswith("| spdl (turbo) | 2 |")]

@@ -288,7 +288,7 @@ def write_report(
         try:
             lines += decode_lines(json.loads(decode_path.read_text()))
         except (OSError, ValueError) as error:
-            lines += ["", "## Batched JPEG decode", "", f"no figures: {short(str(error))}"]
+            lines += ["", "## The decoder table", "", f"no figures: {short(str(error))}"]
     if sharing_path is not None:
         try:
             lines += sharing_lines(json.loads(sharing_path.read_text()))

@@ -59,8 +59,11 @@ from loaderbench.synthetic import SyntheticSpec, ensure_synthetic
 REPO = Path(__file__).resolve().parents[3]
 # The crop-and-resize limit's train images (stored rows in memory: ~340 KB each at 224 px).
 CROP_LIMIT_IMAGES = 512
-# --quick (CI): shorter probe windows; its 96 images fill a 1.5 s window many times over.
+# --quick (CI): shorter probe windows; its 192 images fill a 1.5 s window many times over.
 AUTO_SWEPT_QUICK = ["loader.autotune.window_s=0.3"]
+# --quick's batches: small enough that an epoch of its 192 images (24 batches) outlasts the
+# warm-up and the deepest loader's head start, so every row has a steady window.
+QUICK_BATCH_SIZE = 8
 
 
 def auto_swept() -> list[str]:
@@ -76,7 +79,7 @@ def auto_swept() -> list[str]:
 def data_spec(opts: Options) -> SyntheticSpec:
     """The generated data set (where ``--root`` names none)."""
     if opts.quick:
-        return SyntheticSpec(num_classes=4, train_per_class=24, val_per_class=24)
+        return SyntheticSpec(num_classes=4, train_per_class=48, val_per_class=48)
     # A val split as large as the train split: with the default 300 val images an epoch is ten
     # batches, and every loader's per-epoch start and drain would weigh far more than on a
     # real val set (50,000 images on ImageNet).
@@ -231,7 +234,9 @@ def parse_options(argv: list[str] | None = None) -> tuple[Options, GpuModelRate 
     parser.add_argument("--out", type=Path, default=REPO / "bench")
     parser.add_argument("--quick", action="store_true", help="small data, for CI")
     parser.add_argument("--image-size", type=int, default=224)
-    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument(
+        "--batch-size", type=int, default=None, help=f"32 (quick: {QUICK_BATCH_SIZE})"
+    )
     parser.add_argument("--workers", default=None, help="comma-separated worker counts")
     parser.add_argument("--epochs", default="4,3", help="passes over val,train")
     parser.add_argument("--drop-page-cache", action="store_true")
@@ -263,7 +268,7 @@ def parse_options(argv: list[str] | None = None) -> tuple[Options, GpuModelRate 
         out=args.out.absolute(),
         quick=args.quick,
         image_size=args.image_size,
-        batch_size=args.batch_size,
+        batch_size=args.batch_size or (QUICK_BATCH_SIZE if args.quick else 32),
         workers=workers,
         epochs=dict(zip(("val", "train"), map(int, args.epochs.split(",")), strict=True)),
         drop_page_cache=args.drop_page_cache,
