@@ -282,3 +282,21 @@ def test_on_cuda_a_window_closed_early_holds_the_devices_queued_work() -> None:
     assert edges == [5, 13, 16]  # opened; where the queue fell short; the loop's end
     assert meter.measured == [False] * 6 + [True] * 6 + [False] * 4
     assert loop_metrics(meter, cpu_s=0.0)["images_per_s"] == pytest.approx(24 / 0.9)
+
+
+def test_spdl_says_which_batches_it_made_ahead_of_a_slow_loop(tiny_root: Path) -> None:
+    """A real spdl pipeline ahead of a loop slower than it (the model the bottleneck): it
+    vouches for its batches (``batches_ahead``), so a loop that never waits, over far fewer
+    than 20 queue depths, still has a steady window, at the loop's own rate."""
+    split = folder_index(tiny_root).train
+    spec = cpu_spec(split, True, "spdl", num_workers=2, batch_size=2, prefetch=2)
+    meter = LoopMeter(1)
+    with build_loader(spec) as loader:
+        assert loader.batches_ahead() is None  # no pipeline yet
+        for _ in meter.iterate(loader):
+            ready, under_way = loader.batches_ahead()
+            assert ready >= 0 and under_way >= 0
+            time.sleep(0.15)  # the step: far slower than decoding two tiny images
+    metrics = loop_metrics(meter, cpu_s=0.0)
+    assert metrics["steady_batches"] > 0, metrics["images_per_s_null_reason"]
+    assert metrics["images_per_s"] == pytest.approx(2 / 0.15, rel=0.15)

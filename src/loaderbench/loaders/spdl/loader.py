@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
@@ -153,6 +154,25 @@ class EpochSource:
         return epoch_batches(self.spec, epoch, start)
 
 
+
+class BatchFlow:
+    """Batches the pipeline started, made and handed to the loop: what ``batches_ahead``
+    tells the meter. Counted from the decode threads and the loop's, under a lock."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.started = self.made = self.handed = 0
+
+    def count(self, what: str) -> None:
+        with self._lock:
+            setattr(self, what, getattr(self, what) + 1)
+
+    def ahead(self) -> tuple[int, int]:
+        """(made and not yet handed over, started and not yet made)."""
+        with self._lock:
+            return self.made - self.handed, self.started - self.made
+
+
 @register_loader("spdl")
 class SpdlLoader(Loader):
     def __init__(self, spec: LoaderSpec) -> None:
@@ -167,6 +187,7 @@ class SpdlLoader(Loader):
         self._decoded_by: dict[str, int] = {}  # the delivered batches' images, by library
         self._pipeline: Pipeline[DecodedBatch] | None = None
         self._executor: ThreadPoolExecutor | None = None
+        self.flow = BatchFlow()
         self._pipeline_epoch = -1  # the epoch the running pipeline serves next
         size = spec.image_size
         self.buffers = BatchBuffers(
@@ -184,6 +205,10 @@ class SpdlLoader(Loader):
         in the decode stage, its queues and the sink, all decoded ahead of the loop."""
         return self._buffers_needed() - 2
 
+    def batches_ahead(self) -> tuple[int, int] | None:
+        """The pipeline's batches made and waiting for the loop, and those being made."""
+        return self.flow.ahead() if self._pipeline is not None else None
+
     def queued_at_start(self) -> int:
         """A persistent pipeline runs on into the next epoch as soon as one ends (through
         validation): its queues may be full when that epoch is iterated."""
@@ -192,14 +217,18 @@ class SpdlLoader(Loader):
     # -- building ------------------------------------------------------------------------------
 
     def _decode(self, samples: Sequence[Sample]) -> DecodedBatch:
+        self.flow.count("started")
         with counting() as counts:  # in the pool thread: the batch carries its counts
             batch = self.decoder.decode_batch(samples, self.buffers)
+        if self.spec.device.type != "cuda":  # else made once on the device (``_to_device``)
+            self.flow.count("made")
         return batch._replace(decoded_by=counts, indices=row_indices(samples, batch))
 
     def _to_device(self, batch: Any) -> DecodedBatch:
         with counting() as counts:  # nvjpeg decodes here
             moved = self.decoder.to_device(batch, self.buffers)
         decoded_by = add_counts(dict(batch.decoded_by or {}), counts)
+        self.flow.count("made")
         return moved._replace(decoded_by=decoded_by, indices=batch.indices)
 
     def build_pipeline(self, epoch: int) -> Pipeline[DecodedBatch]:
@@ -209,6 +238,7 @@ class SpdlLoader(Loader):
         # concurrency + 2 tasks in flight, which on the shared pool would decode on more
         # threads than the run asked for (and make 1 worker look like 2 next to torchvision).
         self._executor = ThreadPoolExecutor(self.decode_threads, "loaderbench_spdl_decode")
+        self.flow = BatchFlow()  # a new pipeline has made nothing yet
         builder = (
             PipelineBuilder()
             .add_source(
@@ -298,6 +328,7 @@ class SpdlLoader(Loader):
                 self._account(batch.failures)
                 add_counts(self._decoded_by, batch.decoded_by)
                 self.position += 1
+                self.flow.count("handed")
                 if len(batch.labels):
                     yield self._hand_over(batch)
             finished = True
