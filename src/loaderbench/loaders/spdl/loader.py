@@ -154,7 +154,6 @@ class EpochSource:
         return epoch_batches(self.spec, epoch, start)
 
 
-
 class BatchFlow:
     """Batches the pipeline started, made and handed to the loop: what ``batches_ahead``
     tells the meter. Counted from the decode threads and the loop's, under a lock."""
