@@ -289,8 +289,8 @@ class RuntimeConfig:
 class RunConfig:
     """The primary config of train.py and eval.py: Hydra's schema for composing it, and the
     typed object the run takes once validated (``validate_config``). ``loader`` holds the
-    chosen loader's own ``Settings``; after ``loader.num_workers=auto`` the probe writes the
-    chosen count into it (``loaderbench.autotune``), so whatever reads it later sees the count."""
+    chosen loader's own ``Settings`` as composed; it is never rewritten: the ``auto`` probe and
+    an elastic resume return the settled settings the run goes on with (``run.session``)."""
 
     task: str = MISSING
     seed: int = 0
