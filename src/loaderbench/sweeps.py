@@ -194,8 +194,10 @@ def write_summary(sweep_dir: str | Path) -> tuple[list[str], list[dict]]:
     sweep_dir = Path(sweep_dir)
     keys, rows = collect_rows(sweep_dir)
     rows.sort(key=_sort_key)
-    metric_columns = [c for c in summary_keys() if any(r.get(c) is not None for r in rows)]
-    columns = ["job", *keys, *metric_columns]
+    metric_columns = [
+        c for c in summary_keys() if c not in keys and any(r.get(c) is not None for r in rows)
+    ]
+    columns = ["job", *keys, *metric_columns]  # a swept key that is also a metric: once
     write_csv(sweep_dir / "summary.csv", columns, rows)
     failed = sum(r.get("status") != "ok" for r in rows)
     header = (
