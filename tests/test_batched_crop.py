@@ -88,7 +88,7 @@ def test_the_batched_crop_of_the_loaders_own_rows_is_its_batches(
     try:
         rows = loader.cache.data.images.as_subclass(torch.Tensor).permute(0, 3, 1, 2)
         for batch, indices in zip(loader, loader.spec.epoch_batches(0), strict=True):
-            boxes, flips = loader._train_boxes(0, indices)
+            boxes, flips = loader.parts.train_boxes(0, indices)
             assert_close(resize_boxes(rows[indices], boxes, SIZE, flips), batch.images)
     finally:
         loader.close()

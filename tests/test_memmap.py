@@ -15,7 +15,7 @@ import torch
 from loaderbench import batch_resize
 from loaderbench.data import Split
 from loaderbench.loaders import build_loader
-from loaderbench.loaders.memmap.loader import MemmapLoader
+from loaderbench.loaders.memmap.loader import MemmapLoader, store_batches
 from loaderbench.transforms import (
     crop_resize_flip_batch,
     crop_resize_flip_rows,
@@ -252,7 +252,9 @@ def test_the_deferred_crop_path_gets_the_same_boxes_and_flips(
     index = folder_index(tiny_root)
     in_threads = make_loader(index.train, tmp_path, train=True)
     deferred = make_loader(index.train, tmp_path, train=True)
-    deferred._crop_on_device = True
+    deferred.batches = store_batches(
+        deferred.cache, deferred.parts, deferred.policy, on_device=True
+    )
     assert_same_batches(in_threads, deferred, max_diff=1)
 
 
@@ -268,7 +270,7 @@ def test_the_jpeg_store_decoded_as_one_batch_gives_the_threads_batches(
     stores = {"store": "jpeg", "val_store": "jpeg"}
     in_threads = make_loader(split, tmp_path, train=train, **stores)
     batched = make_loader(split, tmp_path, train=train, **stores)
-    batched._decode_on_device = True
+    batched.batches = store_batches(batched.cache, batched.parts, batched.policy, on_device=True)
     assert_same_batches(in_threads, batched)
 
 
@@ -414,7 +416,7 @@ def test_a_stored_jpeg_that_does_not_decode_is_named_with_its_source_file(
     try:
         decoded = [torch.zeros(3, 4, 4, dtype=torch.uint8), OSError("broken data")]
         with pytest.raises(OSError) as raised:
-            loader._whole(decoded, torch.tensor([0, 5]))
+            loader.batches.whole(decoded, torch.tensor([0, 5]))
         message = str(raised.value)
         assert str(loader.cache.path) in message and "stored image 5" in message
         assert index.train.paths[5] in message and "broken data" in message
