@@ -184,7 +184,7 @@ def test_memmap_cuda_batches_are_made_on_the_reading_threads_own_streams(
                 assert torch.allclose(mean.cpu(), images.float().mean((1, 2, 3)))
                 assert (images.int() - reference.int()).abs().float().mean() < 2.0
         assert torch.cuda.current_stream(CUDA) == consumer
-        threads = on_gpu._threads.threads
+        threads = on_gpu.parts.threads.threads
         assert 1 <= len(threads) <= 2 and all(n.startswith("memmap-loader") for n in threads)
     finally:
         on_gpu.close()
