@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 from PIL import Image
@@ -32,3 +34,14 @@ def slow_decode(seconds: float) -> None:
         return decode(path)
 
     module.load_rgb = slow
+
+
+CONF = Path(__file__).resolve().parents[1] / "conf"
+
+
+def compose_cfg(config: str, overrides: list[str]) -> Any:
+    """The repo's ``config`` (train or eval) composed with ``overrides``, as Hydra would."""
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return compose(config, overrides=overrides, return_hydra_config=False)

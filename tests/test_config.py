@@ -2,18 +2,15 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
-from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
 from loaderbench.config import NAMED_MODELS
 from loaderbench.loaders import loader_names, settings_class
 from loaderbench.validation import ConfigError, validate_config
+from tests.helpers import CONF, compose_cfg
 
-CONF = Path(__file__).resolve().parents[1] / "conf"
 GROUPS = ["dataset", "loader", "model", "device", "precision", "logger"]
 # Options that need a value the user must supply.
 REQUIRED = {
@@ -32,11 +29,6 @@ def options(group: str) -> list[str]:
     if group == "model":
         names |= set(NAMED_MODELS)
     return sorted(names)
-
-
-def compose_cfg(config: str, overrides: list[str]):
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        return compose(config, overrides=overrides, return_hydra_config=False)
 
 
 @pytest.mark.parametrize("config", ["train", "eval"])

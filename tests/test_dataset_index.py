@@ -171,7 +171,7 @@ def test_a_file_rewritten_in_place_is_read_anew_by_default(
 
 def test_an_unknown_index_check_is_an_error_naming_the_key(data: Path) -> None:
     from loaderbench.validation import ConfigError, validate_config
-    from tests.test_config import compose_cfg
+    from tests.helpers import compose_cfg
 
     cfg = compose_cfg("eval", [f"dataset.root={data}", "dataset.index_check=inodes"])
     with pytest.raises(ConfigError, match="dataset.index_check"):

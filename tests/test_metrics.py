@@ -6,14 +6,15 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
+import re
 from pathlib import Path
 
 import pytest
 
-from loaderbench import metrics, sweeps
+from loaderbench import loaders, metrics, sweeps
 from loaderbench.meters import LoopMeter, loop_metrics
 from loaderbench.run import distributed
-from tests.conftest import free_ports
+from tests.conftest import REPO, free_ports
 
 # What each of two ranks measured (rank 1 twice as fast, waiting less, started later).
 RANK_METRICS = [
@@ -111,3 +112,43 @@ def test_the_report_and_the_gpu_check_take_their_columns_from_the_catalog() -> N
     assert all(key in BY_KEY for key in gpu_check_columns())
     curves = epoch_curves({"images_per_s": 10.0, "data_wait_frac": 0.5})
     assert curves["epoch/data_wait_frac"] == 0.5 and curves["epoch/images_per_s"] == 10.0
+
+
+def _config_keys() -> set[str]:
+    """Every key of the composed train config, the loaders' settings included: names the
+    config owns (``num_workers``, ``batch_size``), which a metric may repeat."""
+    from omegaconf import OmegaConf
+
+    from tests.helpers import compose_cfg
+
+    def keys(node: object) -> set[str]:
+        if isinstance(node, dict):
+            return set(node) | {k for value in node.values() for k in keys(value)}
+        return set()
+
+    found: set[str] = set()
+    for loader in loaders.loader_names():
+        cfg = compose_cfg("train", [f"loader={loader}"])
+        found |= keys(OmegaConf.to_container(cfg, resolve=False))
+    return found
+
+
+def test_a_metric_is_named_in_at_most_three_modules() -> None:
+    """A metric's name is written once (its ``Metric`` line, or a constant beside it, which
+    other modules import): renaming it is one edit. Counted over the product's modules (src/,
+    tools/, the entry points), as a quoted string; a metric named by a plain word (``images``,
+    ``status``) or by a config key (``num_workers``) is left out, since those words name other
+    things too (a decode table's column, a checkpoint's field)."""
+    modules = [p for d in ("src", "tools") for p in (REPO / d).rglob("*.py")]
+    modules += [REPO / "train.py", REPO / "eval.py"]
+    texts = {p.relative_to(REPO): p.read_text() for p in modules}
+    config_keys = _config_keys()
+    named = [m.key for m in metrics.METRICS if not m.key.isalpha() and m.key not in config_keys]
+    assert "data_wait_frac" in named and "num_workers" not in named
+    over = {}
+    for key in named:
+        quoted = re.compile(rf"""(["']){re.escape(key)}\1""")
+        where = sorted(str(path) for path, text in texts.items() if quoted.search(text))
+        if len(where) > 3:
+            over[key] = where
+    assert not over, f"metrics named in more than 3 modules (import its constant): {over}"

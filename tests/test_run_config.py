@@ -43,7 +43,7 @@ from loaderbench.run.resume_rules import (
 from loaderbench.run.session import evict_page_cache, prepare_page_cache
 from loaderbench.validation import ConfigError, validate_config
 from tests.conftest import folder_index, loader_folders, run_entry, single_run
-from tests.test_config import compose_cfg
+from tests.helpers import compose_cfg
 
 # ---------------------------------------------------------------------------------------------
 # Validation returns the whole run, typed.

@@ -20,6 +20,7 @@ from loaderbench.config import ModelConfig
 from loaderbench.engine import consume
 from loaderbench.loaders import Loader
 from loaderbench.meters import CpuWindow
+from loaderbench.metrics import TOP1
 from loaderbench.models import NO_MODEL, build_model, maybe_compile
 from loaderbench.run.ceiling import job_ceiling
 from loaderbench.run.checkpoint import load_checkpoint
@@ -38,7 +39,7 @@ def run_job(task: Callable[[DictConfig], dict[str, Any]], cfg: DictConfig) -> fl
     """Run a job; in a sweep a failed job is logged (and its metrics.json says so) but does
     not abort the jobs after it, so the sweep summary can report it as a failed row."""
     try:
-        return task(cfg).get("top1")
+        return task(cfg).get(TOP1)
     except Preempted:
         # State saved: the scheduler requeues the job (submitit's handler exits here), or,
         # outside SLURM, the same command in the same run directory continues it.

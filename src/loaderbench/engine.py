@@ -18,6 +18,7 @@ from tqdm import tqdm
 
 from loaderbench.loaders import Batch, Loader
 from loaderbench.meters import Average, LoopMeter
+from loaderbench.metrics import TOP1
 from loaderbench.runtime import Precision
 
 
@@ -206,7 +207,7 @@ class EvalCounts:
     def metrics(self) -> dict[str, float]:
         n = max(self.images, 1)
         return {
-            "top1": self.correct_top1 / n,
+            TOP1: self.correct_top1 / n,
             "top5": self.correct_top5 / n,
             "val_loss": self.loss_sum / n,
         }

@@ -23,6 +23,7 @@ from torch.utils.data import DataLoader
 
 from loaderbench.ahead import Ahead, AheadClose, ahead_probe, first_short
 from loaderbench.gil_probe import GilProbe, gil_frac
+from loaderbench.metrics import CPU_S_PER_1K_IMAGES, DATA_WAIT_FRAC, IMAGES_PER_S
 from loaderbench.run.stopping import raise_if_stop_requested
 
 Sync = Callable[[], None]
@@ -234,11 +235,11 @@ class LoopMeter:
         return {
             "images": images,
             "batches": n - since,
-            "images_per_s": steady_images / steady_time if steady and steady_time > 0 else None,
+            IMAGES_PER_S: steady_images / steady_time if steady and steady_time > 0 else None,
             "images_per_s_end_to_end": images / all_s if all_s > 0 else None,
             "images_per_s_null_reason": None if steady or n == since else self.no_window_reason,
             "ttfb_s": self.ttfb_s,
-            "data_wait_frac": waited / wait_time if wait_time > 0 else None,
+            DATA_WAIT_FRAC: waited / wait_time if wait_time > 0 else None,
             "loop_s": loop_s,
             "measured_batches": len(chosen),
             "gil_frac": gil_frac(held, probes),
@@ -265,8 +266,8 @@ class IntervalRates:
         waited = sum(meter.waits[self._batches :])
         self._mark()
         if elapsed <= 0:
-            return {"images_per_s": None, "data_wait_frac": None}
-        return {"images_per_s": images / elapsed, "data_wait_frac": min(1.0, waited / elapsed)}
+            return {IMAGES_PER_S: None, DATA_WAIT_FRAC: None}
+        return {IMAGES_PER_S: images / elapsed, DATA_WAIT_FRAC: min(1.0, waited / elapsed)}
 
 
 def _is_excluded(proc: psutil.Process) -> bool:
@@ -428,17 +429,17 @@ def loop_metrics(meter: LoopMeter, cpu_s: float, since: int = 0) -> dict[str, An
     images = summary["images"]
     return {
         "images": images,
-        "images_per_s": summary["images_per_s"],
+        IMAGES_PER_S: summary[IMAGES_PER_S],
         "images_per_s_end_to_end": summary["images_per_s_end_to_end"],
         "images_per_s_null_reason": summary["images_per_s_null_reason"],
         # Batches images_per_s counts; 0: no steady window, images_per_s is null.
         "steady_batches": summary["measured_batches"],
         "ttfb_s": summary["ttfb_s"],
-        "data_wait_frac": summary["data_wait_frac"],
+        DATA_WAIT_FRAC: summary[DATA_WAIT_FRAC],
         "gil_frac": summary["gil_frac"],
         "loop_s": summary["loop_s"],
         "cpu_s": cpu_s,
-        "cpu_s_per_1k_images": 1000 * cpu_s / images if images else None,
+        CPU_S_PER_1K_IMAGES: 1000 * cpu_s / images if images else None,
     }
 
 

@@ -13,6 +13,17 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+# The metrics other modules read or write: named here, once, and imported there by these names
+# (tests/test_metrics.py holds every metric's name to at most three modules).
+IMAGES_PER_S = "images_per_s"
+DECODED_BY = "decoded_by"
+CPU_S_PER_1K_IMAGES = "cpu_s_per_1k_images"
+DATA_WAIT_FRAC = "data_wait_frac"
+TOP1 = "top1"
+SKIPPED_FILES = "skipped_files"
+PEAK_RSS_MB = "peak_rss_mb"
+CEILING_FRAC = "ceiling_frac"
+
 OverRanks = Literal["sum", "max", "mean", "derived", "same"]
 
 

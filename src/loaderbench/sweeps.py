@@ -15,7 +15,17 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from loaderbench.decoded_by import summary_text
-from loaderbench.metrics import ceiling_fraction, charted, format_value, summary_keys
+from loaderbench.metrics import (
+    CPU_S_PER_1K_IMAGES,
+    DATA_WAIT_FRAC,
+    DECODED_BY,
+    IMAGES_PER_S,
+    TOP1,
+    ceiling_fraction,
+    charted,
+    format_value,
+    summary_keys,
+)
 from loaderbench.run_folders import override_values, read_jobs
 
 log = logging.getLogger(__name__)
@@ -61,7 +71,7 @@ def collect_rows(sweep_dir: str | Path) -> tuple[list[str], list[dict]]:
         if metrics.get("status") == "running":
             metrics["status"] = "failed"  # the job died before it could say how it ended
         row.update({k: metrics.get(k) for k in summary_keys()})
-        row["decoded_by"] = summary_text(metrics)
+        row[DECODED_BY] = summary_text(metrics)
         rows.append(row)
         settings.append(ceiling_settings(metrics))
     apply_sweep_ceilings(rows, settings)
@@ -86,15 +96,15 @@ def apply_sweep_ceilings(rows: list[dict], settings: list[tuple]) -> None:
         for row, setting in zip(rows, settings, strict=True)
         if row.get("loader") == "resident"
         and row.get("status") == "ok"
-        and row.get("images_per_s") is not None
+        and row.get(IMAGES_PER_S) is not None
     }
     for row, setting in zip(rows, settings, strict=True):
         source = resident.get(setting)
         if source is None or source is row or row.get("model") in (None, "none"):
             continue
-        frac = ceiling_fraction(row.get("images_per_s"), source["images_per_s"])
+        frac = ceiling_fraction(row.get(IMAGES_PER_S), source[IMAGES_PER_S])
         row.update(
-            ceiling_images_per_s=source["images_per_s"],
+            ceiling_images_per_s=source[IMAGES_PER_S],
             ceiling_frac=frac,
             ceiling_from=f"sweep job {source['job']} (loader=resident)",
             ceiling_frac_null_reason=None if frac is not None else "images_per_s is null",
@@ -103,7 +113,7 @@ def apply_sweep_ceilings(rows: list[dict], settings: list[tuple]) -> None:
 
 def _sort_key(row: dict) -> tuple:
     ok = row.get("status") == "ok"
-    score = row.get("top1") if row.get("top1") is not None else row.get("images_per_s")
+    score = row.get(TOP1) if row.get(TOP1) is not None else row.get(IMAGES_PER_S)
     return (not ok, -(score or 0.0))
 
 
@@ -137,7 +147,7 @@ def plot_summary(path: Path, keys: list[str], rows: list[dict]) -> None:
 
     x_keys = [k for k in keys if k not in ("loader", "loader.name")]
     x_key = next((k for k in x_keys if all(_numeric(r.get(k)) is not None for r in rows)), None)
-    ok_rows = [r for r in rows if r.get("status") == "ok" and r.get("images_per_s")]
+    ok_rows = [r for r in rows if r.get("status") == "ok" and r.get(IMAGES_PER_S)]
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 7), sharex=True)
     cpu_axis = bottom.twinx()
     labels_for_x: list[str] = []
@@ -157,12 +167,12 @@ def plot_summary(path: Path, keys: list[str], rows: list[dict]) -> None:
                 if name not in labels_for_x:
                     labels_for_x.append(name)
             xs = [labels_for_x.index(n) for n in names]
-        top.plot(xs, [r["images_per_s"] for r in line_rows], marker="o", label=label)
-        bottom.plot(xs, [r.get("data_wait_frac") or 0.0 for r in line_rows], marker="o")
+        top.plot(xs, [r[IMAGES_PER_S] for r in line_rows], marker="o", label=label)
+        bottom.plot(xs, [r.get(DATA_WAIT_FRAC) or 0.0 for r in line_rows], marker="o")
         cpu_axis.plot(
-            xs, [r.get("cpu_s_per_1k_images") or 0.0 for r in line_rows], marker="x", linestyle="--"
+            xs, [r.get(CPU_S_PER_1K_IMAGES) or 0.0 for r in line_rows], marker="x", linestyle="--"
         )
-    rates = [r["images_per_s"] for r in ok_rows]
+    rates = [r[IMAGES_PER_S] for r in ok_rows]
     if rates and max(rates) > 20 * min(rates):  # loaders orders of magnitude apart
         top.set_yscale("log")
         top.set_ylabel("images / s (log)")
@@ -267,7 +277,7 @@ def native_charts(keys: list[str], rows: list[dict]) -> dict[str, object]:
     x_keys = [k for k in keys if k not in ("loader", "loader.name")]
     x_key = next((k for k in x_keys if all(_numeric(r.get(k)) is not None for r in rows)), None)
     series_keys = [k for k in x_keys if k != x_key]
-    ok = [r for r in rows if r.get("status") == "ok" and r.get("images_per_s") is not None]
+    ok = [r for r in rows if r.get("status") == "ok" and r.get(IMAGES_PER_S) is not None]
     if not ok:
         return {}
     chart_labels = charted()  # declared in loaderbench.metrics

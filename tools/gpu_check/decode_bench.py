@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from loaderbench.metrics import DECODED_BY, IMAGES_PER_S
 from tools.gpu_check.decode_rows import (
     CHOICE,
     DECODE_BASELINE,
@@ -117,12 +118,12 @@ def time_rows(
         "images": images,
         "passes": passes,
         "seconds": round(wall, 4),
-        "images_per_s": images / wall,
+        IMAGES_PER_S: images / wall,
         "source_mpx_per_s": images * data.megapixels / wall,
         "cpu_ms_per_image": 1000 * cpu / images,
         "failed_images": len(failed),
         "first_failure": failed[0] if failed else "",
-        **({"decoded_by": dict(decoder.counts)} if decoder.counts else {}),
+        **({DECODED_BY: dict(decoder.counts)} if decoder.counts else {}),
     }
 
 
@@ -181,7 +182,7 @@ def decode_row(
         row |= {"status": "failed", "error": f"{type(error).__name__}: {error}"}
     finally:
         decoder.close()
-    print(f"decode {label} {kind}: {row['status']}, {row.get('images_per_s', 0):,.0f} img/s")
+    print(f"decode {label} {kind}: {row['status']}, {row.get(IMAGES_PER_S, 0):,.0f} img/s")
     return row
 
 

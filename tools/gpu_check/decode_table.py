@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from loaderbench.metrics import DECODED_BY, IMAGES_PER_S
 from tools.gpu_check.decode_rows import CHOICE, DECODE_BASELINE, cases_for
 from tools.gpu_check.markdown import fmt, short, table
 
@@ -27,7 +28,7 @@ def _note(case: dict[str, Any]) -> str:
     parts = []
     if case["kind"] == "region":
         parts.append("only the box decoded" if case.get("region_decoded") else "whole, then cut")
-    counts = case.get("decoded_by")
+    counts = case.get(DECODED_BY)
     if counts:
         ranked = sorted(counts.items(), key=lambda item: -item[1])
         parts.append("decoded by " + ", ".join(f"{key} {n}" for key, n in ranked))
@@ -35,7 +36,7 @@ def _note(case: dict[str, Any]) -> str:
 
 
 def _cells(case: dict[str, Any], base: dict[str, float]) -> list[str]:
-    rate, ref = case.get("images_per_s"), base.get(case["kind"])
+    rate, ref = case.get(IMAGES_PER_S), base.get(case["kind"])
     ratio = f"{rate / ref:.2f}x" if rate and ref else ""
     worst, mean = case.get("max_abs_vs_pillow"), case.get("mean_abs_vs_pillow")
     diff = f"{worst} / {fmt(mean)}" if worst is not None else case.get("pillow_error", "")
@@ -72,7 +73,7 @@ def decode_lines(result: dict[str, Any]) -> list[str]:
     )
     cases = result.get("cases", [])
     base = {
-        c["kind"]: c["images_per_s"]
+        c["kind"]: c[IMAGES_PER_S]
         for c in cases
         if c["library"] == DECODE_BASELINE and c.get("status") == "ok"
     }
@@ -92,9 +93,9 @@ def choice_against_engines(cases: list[dict[str, Any]]) -> list[str]:
     lines = []
     for kind in ("full", "region"):
         rates = {
-            c["library"]: c["images_per_s"]
+            c["library"]: c[IMAGES_PER_S]
             for c in cases
-            if c["kind"] == kind and c.get("status") == "ok" and c.get("images_per_s")
+            if c["kind"] == kind and c.get("status") == "ok" and c.get(IMAGES_PER_S)
         }
         engines = {
             label: rate

@@ -16,7 +16,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from loaderbench.metrics import BY_KEY, gpu_check_columns, report_cell
+from loaderbench.metrics import (
+    BY_KEY,
+    CEILING_FRAC,
+    DATA_WAIT_FRAC,
+    IMAGES_PER_S,
+    gpu_check_columns,
+    report_cell,
+)
 from loaderbench.run_folders import read_jobs
 from tools.gpu_check.decode_table import decode_lines
 from tools.gpu_check.machine import PACKAGES
@@ -29,7 +36,7 @@ from tools.gpu_check.sharing import sharing_lines
 # model. cpu_s_per_1k_images is CPU ms per image.
 # skipped_files: a decoder that fails on every image (a library that loads but cannot decode
 # here) shows up there.
-CEILING = "ceiling_frac"
+CEILING = CEILING_FRAC
 ROW_METRICS = tuple(gpu_check_columns())
 RESIDENT = "resident"  # the loader whose rate is the model's ceiling (its rows' ceiling is 1)
 # The overrides that tell the jobs of one sweep apart.
@@ -113,13 +120,13 @@ def _details(row: Row) -> str:
         for key, value in sorted(row.metrics.items())
         if key.endswith("_jpeg_backend") and value
     ]
-    for key in ("images_per_s", CEILING):  # a null figure says why (the run's own reason)
+    for key in (IMAGES_PER_S, CEILING):  # a null figure says why (the run's own reason)
         reason = row.metrics.get(f"{key}_null_reason")
         if row.metrics.get(key) is None and reason:
             found.append(f"{key} null: {reason}")
     if probe := row.metrics.get("autotune_probe"):
         rungs = ", ".join(
-            f"{rung['workers']}: {rung['images_per_s']:,.0f}/s wait {rung['data_wait_frac']:.0%}"
+            f"{rung['workers']}: {rung[IMAGES_PER_S]:,.0f}/s wait {rung[DATA_WAIT_FRAC]:.0%}"
             for rung in probe
         )
         found.append(f"probe {row.metrics.get('autotune_s', 0):.1f} s ({rungs})")
@@ -137,11 +144,11 @@ def cell(key: str, value: Any) -> str:
 def ceilings(rows: list[Row]) -> dict[str, float]:
     """The resident (ceiling) rate of each model that this check measured."""
     return {
-        str(row.metrics.get("model")): row.metrics["images_per_s"]
+        str(row.metrics.get("model")): row.metrics[IMAGES_PER_S]
         for row in rows
         if row.status == "ok"
         and row.loader.startswith(RESIDENT)
-        and isinstance(row.metrics.get("images_per_s"), int | float)
+        and isinstance(row.metrics.get(IMAGES_PER_S), int | float)
     }
 
 
@@ -150,7 +157,7 @@ def with_ceiling(rows: list[Row], ceiling: dict[str, float]) -> None:
     model (a whole job of steady batches) where the check measured one, else the job's own
     (its short closing pass: noisier, a few percent at 10 batches); none where both miss."""
     for row in rows:
-        rate, top = row.metrics.get("images_per_s"), ceiling.get(str(row.metrics.get("model")))
+        rate, top = row.metrics.get(IMAGES_PER_S), ceiling.get(str(row.metrics.get("model")))
         if isinstance(rate, int | float) and top:
             row.metrics[CEILING] = rate / top
             row.metrics["ceiling_images_per_s"] = top

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from loaderbench.metrics import IMAGES_PER_S
 from tools.gpu_check.markdown import fmt, short, table
 
 # (mode, threads, decoders, images a call): the question's three answers, and smaller calls.
@@ -109,7 +110,7 @@ def time_mode(
         **row,
         "status": "ok" if images else "failed",
         "images": images,
-        "images_per_s": images / wall if wall else None,
+        IMAGES_PER_S: images / wall if wall else None,
         "cpu_ms_per_image": 1000 * cpu / images if images else None,
     }
 
@@ -143,7 +144,7 @@ def sharing_lines(result: dict[str, Any]) -> list[str]:
             str(case["decoders"]),
             str(case["batch"]),
             case.get("status", ""),
-            fmt(case.get("images_per_s")),
+            fmt(case.get(IMAGES_PER_S)),
             fmt(case.get("cpu_ms_per_image")),
             fmt(short(case.get("error", ""))),
         ]

@@ -21,6 +21,7 @@ from typing import Any
 from loaderbench.gil_probe import gil_frac
 from loaderbench.loaders import Batch, Loader, LoaderSpec, build_loader
 from loaderbench.meters import LoopMeter, ProcessTreeMonitor
+from loaderbench.metrics import CPU_S_PER_1K_IMAGES, DATA_WAIT_FRAC, IMAGES_PER_S
 from loaderbench.run import distributed
 from loaderbench.runtime import synchronizer
 
@@ -210,20 +211,20 @@ def over_ranks(row: ProbeRow) -> ProbeRow:
     (images/s, images, batches and CPU summed: the job's); the data wait the choice reads is
     ``slowest_rank_data_wait_frac`` (the rank every other waits for), not the mean."""
     mine = {
-        "images_per_s": row.images_per_s,
+        IMAGES_PER_S: row.images_per_s,
         "images": row.images,
         "batches": row.batches,
         "cpu_s": (row.cpu_s_per_1k_images or 0.0) * row.images / 1000,
-        "cpu_s_per_1k_images": row.cpu_s_per_1k_images,
-        "data_wait_frac": row.data_wait_frac,
+        CPU_S_PER_1K_IMAGES: row.cpu_s_per_1k_images,
+        DATA_WAIT_FRAC: row.data_wait_frac,
         "seconds": row.seconds,
     }
     job = distributed.reduce_loop_metrics(mine, distributed.world_size())
     return ProbeRow(
         row.workers,
-        job["images_per_s"],
+        job[IMAGES_PER_S],
         job.get("slowest_rank_data_wait_frac", row.data_wait_frac),
-        job["cpu_s_per_1k_images"],
+        job[CPU_S_PER_1K_IMAGES],
         int(job["images"]),
         int(job["batches"]),
         job["seconds"],

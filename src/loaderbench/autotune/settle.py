@@ -23,6 +23,7 @@ from loaderbench.autotune.policy import choose
 from loaderbench.autotune.probe import prepare_splits, probe
 from loaderbench.autotune.workload import Workload
 from loaderbench.loaders import LoaderSettings
+from loaderbench.metrics import IMAGES_PER_S
 from loaderbench.run import distributed
 from loaderbench.run.session import Session, evict_page_cache
 from loaderbench.runtime import cpus_allowed, set_intra_op_threads
@@ -113,7 +114,7 @@ def adopt(session: Session, decision: Decision, reused: bool) -> None:
 def log_decision(decision: Decision, reused: bool, path: Path | None) -> None:
     rows = decision.probe
     chosen = next((row for row in rows if row["workers"] == decision.num_workers), None)
-    rate = f"{chosen['images_per_s']:,.1f} images/s" if chosen else "images/s not measured"
+    rate = f"{chosen[IMAGES_PER_S]:,.1f} images/s" if chosen else "images/s not measured"
     rungs = ", ".join(str(row["workers"]) for row in rows) or "none"
     if reused:
         how = f"reused from {path}: probed {decision.probe_s:.1f} s over rungs {rungs} then"

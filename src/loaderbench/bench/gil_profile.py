@@ -24,6 +24,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from loaderbench.bench import py_spy
+from loaderbench.metrics import IMAGES_PER_S
 
 # The loader's threads, by name prefix: spdl's decoding pool and SPDL's own event loop and
 # source threads; memmap's reading threads.
@@ -97,7 +98,7 @@ def record(args: argparse.Namespace, epochs: int, run_command: object) -> GilRun
     metrics = json.loads((args.out / folder / "metrics.json").read_text())
     with open(raw) as f:
         samples = group_samples(f, args.loader_threads)
-    return GilRun(samples, int(metrics["images"]), metrics.get("images_per_s"))
+    return GilRun(samples, int(metrics["images"]), metrics.get(IMAGES_PER_S))
 
 
 def render(result: dict[str, float], runs: Sequence[GilRun], args: argparse.Namespace) -> str:

@@ -24,6 +24,7 @@ from loaderbench.bench.limits import (
     run_bounds,
     run_label,
 )
+from loaderbench.metrics import CPU_S_PER_1K_IMAGES, IMAGES_PER_S
 
 
 def _default_paths(root: Path | None, split: str, count: int | None) -> list[str]:
@@ -69,13 +70,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         # A run that decodes nothing (a raw store's train run) crops and resizes stored rows.
         applies = crop if run_bounds(path, metrics)[0] == "crop" else limit
         print(format_ratio(applies, metrics, f"{label} ({path})"))
-        ips = metrics.get("images_per_s") or 0.0
+        ips = metrics.get(IMAGES_PER_S) or 0.0
         report["runs"][str(path)] = {
-            "images_per_s": ips,
+            IMAGES_PER_S: ips,
             "limit": applies.title,
             "limit_ratio": applies.ratio(ips),
             "pool_ratio": applies.pool_ratio(ips),
-            "cpu_efficiency": applies.efficiency(metrics.get("cpu_s_per_1k_images") or 0.0),
+            "cpu_efficiency": applies.efficiency(metrics.get(CPU_S_PER_1K_IMAGES) or 0.0),
         }
     if args.json:
         args.json.write_text(json.dumps(report, indent=2) + "\n")

@@ -43,6 +43,7 @@ from typing import Any
 import torch
 
 from loaderbench.bench.schema import DecodeLimit, DecodeRate
+from loaderbench.metrics import CPU_S_PER_1K_IMAGES, IMAGES_PER_S
 from loaderbench.runtime import cpus_allowed
 from loaderbench.threads import serial_torch_in_this_thread
 from loaderbench.transforms import RRC_SCALE
@@ -291,7 +292,7 @@ def run_bounds(metrics_path: Path, metrics: dict[str, Any]) -> tuple[str, ...]:
 
 
 def format_ratio(limit: DecodeLimit, metrics: dict[str, Any], label: str) -> str:
-    ips, cpu = metrics.get("images_per_s") or 0.0, metrics.get("cpu_s_per_1k_images") or 0.0
+    ips, cpu = metrics.get(IMAGES_PER_S) or 0.0, metrics.get(CPU_S_PER_1K_IMAGES) or 0.0
     pool = limit.pool_ratio(ips)
     return (
         f"{label}: {ips:.1f} images/s = {limit.ratio(ips):.1%} of the {limit.title}"

@@ -53,7 +53,7 @@ from loaderbench.bench.render_cores import add_gpu_options, checked_gpu_options
 from loaderbench.bench.schema import AutoRow, GpuModelRate, Machine, Options, Report, Row
 from loaderbench.bench.stores import measure_stores
 from loaderbench.loaders import file_loader_names, settings_class
-from loaderbench.metrics import report_columns
+from loaderbench.metrics import DECODED_BY, IMAGES_PER_S, report_columns
 from loaderbench.synthetic import SyntheticSpec, ensure_synthetic
 
 REPO = Path(__file__).resolve().parents[3]
@@ -163,8 +163,8 @@ def best_runs(runs: list[dict[str, str]]) -> list[dict[str, str]]:
     best: dict[tuple[str, str], dict[str, str]] = {}
     for run in runs:
         key = (run["loader"], run["num_workers"])
-        speed = number(run.get("images_per_s")) or 0.0
-        if key not in best or speed > (number(best[key].get("images_per_s")) or 0.0):
+        speed = number(run.get(IMAGES_PER_S)) or 0.0
+        if key not in best or speed > (number(best[key].get(IMAGES_PER_S)) or 0.0):
             best[key] = run
     return list(best.values())
 
@@ -173,22 +173,22 @@ def row_note(run: dict[str, str]) -> str:
     """A sweep row's note: why it failed, or what decoded its images (``decoded_by``)."""
     if run.get("status") != "ok":
         return f"failed: {run.get('error')}"
-    return f"decoded by {run['decoded_by']}" if run.get("decoded_by") else ""
+    return f"decoded by {run[DECODED_BY]}" if run.get(DECODED_BY) else ""
 
 
 def auto_rows(task: str, runs: list[dict[str, str]]) -> list[AutoRow]:
     """Per loader, its ``auto`` run with the most images/s (failed runs only if no other)."""
     best: dict[str, dict[str, str]] = {}
     for run in runs:
-        speed = number(run.get("images_per_s")) or 0.0
-        if run["loader"] not in best or speed > (number(best[run["loader"]]["images_per_s"]) or 0):
+        speed = number(run.get(IMAGES_PER_S)) or 0.0
+        if run["loader"] not in best or speed > (number(best[run["loader"]][IMAGES_PER_S]) or 0):
             best[run["loader"]] = run
     return [
         AutoRow(
             pipeline=task,
             name=name,
             workers=int(run["num_workers"]) if run.get("num_workers", "").isdigit() else None,
-            images_per_s=number(run.get("images_per_s")),
+            images_per_s=number(run.get(IMAGES_PER_S)),
             autotune_s=number(run.get("autotune_s")),
             wall_s=number(run.get("wall_s")),
             note="" if run.get("status") == "ok" else f"failed: {run.get('error')}",

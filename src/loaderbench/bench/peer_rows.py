@@ -22,7 +22,7 @@ from loaderbench.bench.schema import (
     Options,
     Row,
 )
-from loaderbench.metrics import report_columns
+from loaderbench.metrics import CPU_S_PER_1K_IMAGES, IMAGES_PER_S, report_columns
 
 # A limit's images/s by the kind of work it bounds (schema.LIMIT_NAMES' keys).
 Limits = dict[str, float]
@@ -43,7 +43,7 @@ def held_to(bounds: tuple[str, ...], limits: Limits) -> dict[str, Any]:
 def measure_loader(loader: Any, epochs: int, repeats: int) -> dict[str, Any]:
     """The project's meter over ``epochs`` passes of ``loader``: the best of ``repeats``."""
     results = [_measure_once(loader, epochs) for _ in range(repeats)]
-    return max(results, key=lambda result: result["images_per_s"] or 0.0)
+    return max(results, key=lambda result: result[IMAGES_PER_S] or 0.0)
 
 
 def _measure_once(loader: Any, epochs: int) -> dict[str, Any]:
@@ -58,7 +58,7 @@ def _measure_once(loader: Any, epochs: int) -> dict[str, Any]:
                     pass
     summary = meter.summary()
     images = summary["images"] or 1
-    return {**summary, "cpu_s_per_1k_images": 1000 * window.cpu_s / images}
+    return {**summary, CPU_S_PER_1K_IMAGES: 1000 * window.cpu_s / images}
 
 
 def measured_row(task: str, name: str, workers: int, result: dict[str, Any], **kwargs: Any) -> Row:

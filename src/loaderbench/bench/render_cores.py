@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from loaderbench.bench.schema import NODE_CORES, NODE_GPUS, GpuModelRate, Report, Row
-from loaderbench.metrics import report_cell
+from loaderbench.metrics import CPU_S_PER_1K_IMAGES, DATA_WAIT_FRAC, IMAGES_PER_S, report_cell
 
 # NVIDIA DeepLearningExamples, ResNet50 v1.5 for PyTorch, "Training performance: NVIDIA DGX A100
 # (8x A100 80GB)" (pytorch-21.03 NGC container): mixed precision, 1 GPU 2,470 images/s; 8 GPUs
@@ -172,7 +172,7 @@ def table_lines(fitted: list[CoresRow], gpus: int, cores: int) -> list[str]:
     for row in fitted:
         lines.append(
             f"| {row.pipeline} | {row.name} | {row.workers} | "
-            f"{report_cell('cpu_s_per_1k_images', row.cpu_s_per_1k_images)} | "
+            f"{report_cell(CPU_S_PER_1K_IMAGES, row.cpu_s_per_1k_images)} | "
             f"{row.cores_per_gpu:,.2f} | {row.cores_needed:,.1f} | "
             f"{'yes' if row.fed else 'no'} | {f'{row.spare:,.1f}' if row.fed else '-'} | "
             f"{100 * row.share_fed:.0f}% | {row.gpus_fed:,} |"
@@ -259,8 +259,8 @@ def model_rate_from_metrics(path: Path) -> GpuModelRate:
         raise ValueError(f"--gpu-metrics {path}: model is {model!r}: it measured no model")
     if data.get("status", "ok") != "ok":
         raise ValueError(f"--gpu-metrics {path}: status is {data['status']!r}, not ok")
-    images_per_s = data.get("images_per_s")
-    wait = data.get("data_wait_frac") or 0.0
+    images_per_s = data.get(IMAGES_PER_S)
+    wait = data.get(DATA_WAIT_FRAC) or 0.0
     if not images_per_s or not 0.0 <= wait < 1.0:
         raise ValueError(
             f"--gpu-metrics {path}: images_per_s {images_per_s!r} and data_wait_frac "

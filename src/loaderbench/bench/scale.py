@@ -25,6 +25,7 @@ from typing import Any
 
 import psutil
 
+from loaderbench.metrics import PEAK_RSS_MB
 from loaderbench.synthetic import SyntheticSpec, ensure_synthetic
 
 REPO = Path(__file__).resolve().parents[3]
@@ -152,7 +153,7 @@ def measure(opts: Options) -> dict[str, Any]:
         "reopen_cache_built": second["loader_val_cache_built"],
         "scan_run_first_batch_s": first_batch_s(plain_first),
         "index_run_first_batch_s": first_batch_s(plain_second),
-        "main_peak_rss_mb": plain_second["peak_rss_mb"],
+        "main_peak_rss_mb": plain_second[PEAK_RSS_MB],
         "worker_growth_mb_index": worker_growth_mb(train),
         "worker_growth_mb_strings": worker_growth_mb(as_strings),
     }

@@ -16,6 +16,8 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from loaderbench.metrics import IMAGES_PER_S
+
 SCHEMA_VERSION = 1
 PIPELINES = ("val", "train")
 
@@ -67,7 +69,7 @@ class DecodeRate:
         return self.images / self.cpu_s if self.cpu_s > 0 else 0.0
 
     def to_json(self) -> dict[str, Any]:
-        return {**asdict(self), "images_per_s": self.images_per_s}
+        return {**asdict(self), IMAGES_PER_S: self.images_per_s}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> DecodeRate:

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from loaderbench.bench.schema import StoreRow
+from loaderbench.metrics import CPU_S_PER_1K_IMAGES, IMAGES_PER_S
 
 STORES = ("raw", "jpeg")
 
@@ -24,9 +25,9 @@ def store_row(task: str, metrics: dict[str, Any]) -> StoreRow:
         pipeline=task,
         store=metrics[f"{prefix}cache_store"],
         bytes_per_image=float(metrics[f"{prefix}bytes_per_image"]),
-        images_per_s=metrics.get("images_per_s"),
+        images_per_s=metrics.get(IMAGES_PER_S),
         build_images_per_s_per_core=float(metrics[f"{prefix}cache_build_images_per_s"]) / workers,
-        cpu_s_per_1k_images=metrics.get("cpu_s_per_1k_images"),
+        cpu_s_per_1k_images=metrics.get(CPU_S_PER_1K_IMAGES),
     )
 
 

@@ -19,6 +19,7 @@ import torch
 
 from loaderbench.data import Split
 from loaderbench.loaders.settings import LoaderSettings
+from loaderbench.metrics import SKIPPED_FILES
 from loaderbench.run.resumed import ResumedEpoch
 from loaderbench.transforms import RRC_RATIO, RRC_SCALE, seeded_crops
 
@@ -195,7 +196,7 @@ class Loader(abc.ABC):
     def stats(self) -> dict[str, Any]:
         """Loader-specific numbers for metrics.json (``skipped_files`` at least: this rank's,
         ``len(skipped_indices())``)."""
-        return {"skipped_files": len(self.skipped_indices())}
+        return {SKIPPED_FILES: len(self.skipped_indices())}
 
     def skip_unreadable(self, index: int, error: str) -> None:
         """Enter file ``index`` of the split, which could not be read (``error`` says why), in

@@ -22,7 +22,7 @@ from torch import nn
 from loaderbench.engine import TrainStep, evaluate, train_one_epoch
 from loaderbench.loaders import Loader, build_loader, settings_class
 from loaderbench.meters import LoopMeter
-from loaderbench.metrics import ceiling_fraction
+from loaderbench.metrics import CEILING_FRAC, IMAGES_PER_S, ceiling_fraction
 from loaderbench.models import maybe_compile
 from loaderbench.optim import build_optimizer, build_scheduler
 from loaderbench.run import distributed
@@ -36,13 +36,13 @@ NO_MODEL_REASON = "model=none: the loader alone has no model, so no ceiling"
 
 
 def no_ceiling(reason: str) -> dict[str, Any]:
-    return {"ceiling_images_per_s": None, "ceiling_frac": None, "ceiling_frac_null_reason": reason}
+    return {"ceiling_images_per_s": None, CEILING_FRAC: None, "ceiling_frac_null_reason": reason}
 
 
 def with_ceiling(metrics: dict[str, Any], ceiling: float | None, source: str) -> dict[str, Any]:
     """``ceiling_images_per_s``, ``ceiling_frac`` and where the ceiling came from, for
     ``metrics`` (a loop's: its ``images_per_s``); the reason where the fraction is null."""
-    frac = ceiling_fraction(metrics.get("images_per_s"), ceiling)
+    frac = ceiling_fraction(metrics.get(IMAGES_PER_S), ceiling)
     reason = None
     if ceiling is None:
         reason = f"no ceiling measured ({source})"
@@ -50,7 +50,7 @@ def with_ceiling(metrics: dict[str, Any], ceiling: float | None, source: str) ->
         reason = f"images_per_s is null: {metrics.get('images_per_s_null_reason')}"
     return {
         "ceiling_images_per_s": ceiling,
-        "ceiling_frac": frac,
+        CEILING_FRAC: frac,
         "ceiling_frac_null_reason": reason,
         "ceiling_from": source,
     }
@@ -65,7 +65,7 @@ def resident_loader(session: Session, split: str, train: bool, image_size: int) 
 
 def measured_rate(meter: LoopMeter) -> float | None:
     summary = meter.summary()
-    return summary["images_per_s"] if summary["measured_batches"] else None
+    return summary[IMAGES_PER_S] if summary["measured_batches"] else None
 
 
 def _passes(loader: Loader, meter: LoopMeter, wanted: int, run_pass: Any) -> None:
@@ -128,7 +128,7 @@ def job_ceiling(
     if model is None:
         return no_ceiling(NO_MODEL_REASON)
     if session.config.loader.name == RESIDENT:
-        return with_ceiling(metrics, metrics.get("images_per_s"), "this job (loader=resident)")
+        return with_ceiling(metrics, metrics.get(IMAGES_PER_S), "this job (loader=resident)")
     wanted = session.config.bench.ceiling_batches
     if wanted == 0:
         return no_ceiling("bench.ceiling_batches=0: no ceiling pass")
@@ -146,6 +146,6 @@ def job_ceiling(
         "ceiling (loader=resident, %d steady batches): %s images/s; ceiling_frac %s",
         wanted,
         f"{rate:.1f}" if rate else None,
-        f"{result['ceiling_frac']:.3f}" if result["ceiling_frac"] is not None else None,
+        f"{result[CEILING_FRAC]:.3f}" if result[CEILING_FRAC] is not None else None,
     )
     return result

@@ -23,7 +23,7 @@ from loaderbench.engine import (
 )
 from loaderbench.loaders import Loader
 from loaderbench.meters import Average, CpuWindow, IntervalRates, LoopMeter
-from loaderbench.metrics import epoch_curves, rates_text, with_epoch_ranks
+from loaderbench.metrics import TOP1, epoch_curves, rates_text, with_epoch_ranks
 from loaderbench.models import maybe_compile
 from loaderbench.optim import build_optimizer, build_scheduler, load_optimizer_state
 from loaderbench.run import distributed
@@ -347,7 +347,7 @@ def log_epoch(
         epoch,
         session.config.epochs,
         result["loss"],
-        result["top1"],
+        result[TOP1],
         result["top5"],
         rates_text(rates),
     )
@@ -363,7 +363,7 @@ def log_epoch(
                 for key in ("slowest_rank", "slowest_rank_data_wait_frac")
                 if key in rates
             },
-            "val/top1": result["top1"],
+            "val/top1": result[TOP1],
             "val/top5": result["top5"],
             "val/loss": result["val_loss"],
         }

@@ -16,6 +16,7 @@ from loaderbench.data import DatasetIndex
 from loaderbench.loaders import LoaderSettings
 from loaderbench.locking import atomic_write_text
 from loaderbench.meters import ProcessTreeMonitor
+from loaderbench.metrics import PEAK_RSS_MB, SKIPPED_FILES
 from loaderbench.run import distributed
 from loaderbench.runtime import cpus_allowed
 
@@ -29,7 +30,7 @@ def skipped_counts(dataset: DatasetIndex, skipped: dict[str, set[int]]) -> dict[
     ``skipped_files``: the distinct files over every split (by path: one file, one count)."""
     paths = {dataset.split(name).paths[i] for name, indices in skipped.items() for i in indices}
     counts = {f"loader_{name}_skipped_files": len(indices) for name, indices in skipped.items()}
-    return {**counts, "skipped_files": len(paths)}
+    return {**counts, SKIPPED_FILES: len(paths)}
 
 
 def skipped_over_ranks(skipped: dict[str, set[int]]) -> dict[str, set[int]]:
@@ -52,12 +53,12 @@ def tree_totals(
     ``rank_skipped_files``: what tells a starving rank's cause apart). A collective."""
     monitor.sample()
     mine = {
-        "peak_rss_mb": monitor.peak_rss_bytes / 2**20,
+        PEAK_RSS_MB: monitor.peak_rss_bytes / 2**20,
         "cpus": cpus_allowed(),
-        "skipped_files": skipped_counts(dataset, skipped)["skipped_files"],
+        SKIPPED_FILES: skipped_counts(dataset, skipped)[SKIPPED_FILES],
     }
     totals = distributed.reduce_loop_metrics(mine, world_size)
-    monitor.peak_rss_bytes = int(totals["peak_rss_mb"] * 2**20)  # the sum, as the run's peak
+    monitor.peak_rss_bytes = int(totals[PEAK_RSS_MB] * 2**20)  # the sum, as the run's peak
     return {**totals, **skipped_counts(dataset, skipped_over_ranks(skipped))}
 
 

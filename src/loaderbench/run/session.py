@@ -42,7 +42,14 @@ from loaderbench.meters import (
     ProcessTreeMonitor,
     loop_metrics,
 )
-from loaderbench.metrics import loop_rates, rank_rows, straggler_note
+from loaderbench.metrics import (
+    DECODED_BY,
+    PEAK_RSS_MB,
+    SKIPPED_FILES,
+    loop_rates,
+    rank_rows,
+    straggler_note,
+)
 from loaderbench.pagecache import evict, files_under
 from loaderbench.run import distributed
 from loaderbench.run.distributed import DistInfo
@@ -162,7 +169,7 @@ class Session:
             self.record({f"loader_{split}_{k}": v for k, v in stats.items()})
             # Pillow decodes where a loader names no other library (torchvision, memmap raw).
             primary = stats.get("jpeg_backend", "pil")
-            if warning := fallback_warning(split, stats.get("decoded_by") or {}, primary):
+            if warning := fallback_warning(split, stats.get(DECODED_BY) or {}, primary):
                 log.warning(warning)
 
     def meter(self) -> LoopMeter:
@@ -198,7 +205,7 @@ class Session:
         no batch). With each rank's own (``rank_<key>``) and its tree's peak memory so far."""
         batches, cpu_s = since
         mine = loop_metrics(meter, window.cpu_s - cpu_s, since=batches)
-        mine["peak_rss_mb"] = self.monitor.peak_rss_bytes / 2**20
+        mine[PEAK_RSS_MB] = self.monitor.peak_rss_bytes / 2**20
         metrics = distributed.reduce_loop_metrics(mine, self.dist.world_size)
         if not metrics["images"]:
             metrics.update(dict.fromkeys(loop_rates()))
@@ -320,7 +327,7 @@ def base_metrics(composed: dict[str, Any], task: str) -> dict[str, Any]:
         "image_size": composed["image_size"],
         "seed": composed["seed"],
         "crop_stream": CROP_STREAM,  # which train crops a (seed, epoch, image) gets
-        "skipped_files": 0,
+        SKIPPED_FILES: 0,
         "version": __version__,
     }
 

@@ -57,6 +57,7 @@ from loaderbench.loaders.memmap.build import (
 from loaderbench.loaders.memmap.store_jpeg import JpegCache, JpegStore
 from loaderbench.loaders.memmap.store_raw import ImageCache, RawStore
 from loaderbench.locking import FileLock, LockKindError, SharedHold, atomic_write_text
+from loaderbench.metrics import DECODED_BY
 from loaderbench.run.stopping import critical_section
 from loaderbench.splits import SPLITS, Split
 
@@ -151,7 +152,7 @@ def build_cache(job: BuildJob, name: str) -> dict[str, Any]:
         "split": job.split.name,
         "num_images": n,
         "skipped": decoded.skipped,
-        "decoded_by": decoded.decoded_by,  # metrics.json's loader_<split>_decoded_by (raw)
+        DECODED_BY: decoded.decoded_by,  # metrics.json's loader_<split>_decoded_by (raw)
         "build_workers": job.num_workers,
         "build_s": time.perf_counter() - started,
         "build_images_per_s": n / decoded.decode_s,  # start-up included, fsync not

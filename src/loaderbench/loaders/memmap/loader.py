@@ -34,6 +34,7 @@ from loaderbench.loaders.memmap.reading import ReadingThreads
 from loaderbench.loaders.memmap.rows import CroppedRows, GatheredRows, RowsOnDevice
 from loaderbench.loaders.memmap.settings import Settings
 from loaderbench.loaders.memmap.store_jpeg import JpegCache
+from loaderbench.metrics import DECODED_BY
 
 
 class StoreBatches(Protocol):
@@ -259,13 +260,13 @@ class MemmapLoader(Loader):
         an earlier build decodes nothing). ``cache_decoded_by``: what made the stored pixels
         or re-encoded bytes, as the build counted (absent for a cache built before it
         counted)."""
-        build = self.cache.meta.get("decoded_by")
+        build = self.cache.meta.get(DECODED_BY)
         if isinstance(self.cache.data, JpegCache):
             counts: dict[str, int] = dict(self._decoded_by)
         else:
             counts = dict(build or {}) if self.cache.built else {}
         return {
-            "decoded_by": counts,
+            DECODED_BY: counts,
             **({} if build is None else {"cache_decoded_by": dict(build)}),
         }
 

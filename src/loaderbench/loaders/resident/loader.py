@@ -16,6 +16,7 @@ from collections.abc import Iterator
 import torch
 
 from loaderbench.loaders.base import Batch, Loader, LoaderSpec, register_loader
+from loaderbench.metrics import DECODED_BY
 
 # The noise's own stream: building the loader draws nothing from torch's global RNG.
 NOISE_SEED = 20261204
@@ -49,4 +50,4 @@ class ResidentLoader(Loader):
             yield Batch(images=self.images[: len(indices)], labels=labels, indices=indices)
 
     def stats(self) -> dict[str, object]:
-        return {**super().stats(), "decoded_by": {}}
+        return {**super().stats(), DECODED_BY: {}}

@@ -81,6 +81,7 @@ from loaderbench.loaders.spdl.stats import (
     recording_hooks,
     recording_queue_class,
 )
+from loaderbench.metrics import DECODED_BY
 from loaderbench.threads import serial_torch_in_this_thread
 
 log = logging.getLogger(__name__)
@@ -347,7 +348,7 @@ class SpdlLoader(Loader):
             "spdl_decode_threads": self.decode_threads,
             "jpeg_backend": self.decoder.jpeg_backend(),
             "region_decode": self.decoder.decodes_regions(),
-            "decoded_by": dict(self._decoded_by),
+            DECODED_BY: dict(self._decoded_by),
             **self.buffers.stats(),
             **self.recorder.summary(),
         }

@@ -33,6 +33,7 @@ from loaderbench.loaders.base import (
     to_device,
 )
 from loaderbench.loaders.torchvision.settings import Settings
+from loaderbench.metrics import DECODED_BY
 from loaderbench.transforms import PilTrainTransform, pil_val_transform
 
 # (image, index, epoch) -> uint8 CHW
@@ -212,7 +213,7 @@ class TorchvisionLoader(Loader):
         return ", ".join(dead)
 
     def stats(self) -> dict[str, Any]:
-        return {**super().stats(), "decoded_by": dict(self._decoded_by)}
+        return {**super().stats(), DECODED_BY: dict(self._decoded_by)}
 
     def close(self) -> None:
         # Persistent workers live as long as the iterator; dropping it shuts them down.
