@@ -8,6 +8,8 @@ the thread's stream). docs/loaders.md, "How a batch is made".
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from loaderbench.decode import CPU, Box, Decoded, backend, decode_batch, region_decode
@@ -32,6 +34,18 @@ def _within_box(boxes: torch.Tensor) -> torch.Tensor:
     return inside
 
 
+@dataclass
+class _JpegBatch:
+    """A batch to decode: its images' bytes (views of the map), indices and labels, and (train)
+    their boxes in the stored images' coordinates and flips."""
+
+    encoded: list[torch.Tensor]
+    indices: torch.Tensor
+    labels: torch.Tensor
+    boxes: torch.Tensor | None
+    flips: torch.Tensor | None
+
+
 class _JpegBytes:
     """The store's bytes: memory-mapped, back to back, found by offset and length."""
 
@@ -53,18 +67,11 @@ class _JpegBytes:
         spans = [self._spans[i] for i in indices.tolist()]
         encoded = [self._plain[start:stop] for start, stop in spans]
         with counting() as counts:
-            gathered = self._decode(encoded, indices, labels, boxes, flips)
+            gathered = self._decode(_JpegBatch(encoded, indices, labels, boxes, flips))
         gathered.decoded_by = counts
         return gathered
 
-    def _decode(
-        self,
-        encoded: list[torch.Tensor],
-        indices: torch.Tensor,
-        labels: torch.Tensor,
-        boxes: torch.Tensor | None,
-        flips: torch.Tensor | None,
-    ) -> Gathered:
+    def _decode(self, batch: _JpegBatch) -> Gathered:
         """The batch decoded, finished and (off the CPU) on the device."""
         raise NotImplementedError
 
@@ -116,44 +123,32 @@ class DecodedOnCpu(_JpegBytes):
     """The store's own JPEGs, which the build encoded: no admission parse (``admitted``), and
     the batch in one call (as fast as one a file, and one GIL release)."""
 
-    def _decode(
-        self,
-        encoded: list[torch.Tensor],
-        indices: torch.Tensor,
-        labels: torch.Tensor,
-        boxes: torch.Tensor | None,
-        flips: torch.Tensor | None,
-    ) -> Gathered:
-        decoded = decode_batch(encoded, CPU, _regions(boxes, len(encoded)), admitted=True)
+    def _decode(self, batch: _JpegBatch) -> Gathered:
+        regions = _regions(batch.boxes, len(batch.encoded))
+        decoded = decode_batch(batch.encoded, CPU, regions, admitted=True)
         out = self.parts.crop_out(len(decoded))
-        images = self.whole(decoded, indices)
-        return Gathered(self.finish(images, boxes, flips, out), labels)
+        images = self.whole(decoded, batch.indices)
+        return Gathered(self.finish(images, batch.boxes, batch.flips, out), batch.labels)
 
 
 class DecodedOnDevice(_JpegBytes):
     """One batched call of the reading thread's decoder (nvJPEG on CUDA) for the batch's bytes,
     its crops and the labels' copy, on the thread's stream."""
 
-    def _decode(
-        self,
-        encoded: list[torch.Tensor],
-        indices: torch.Tensor,
-        labels: torch.Tensor,
-        boxes: torch.Tensor | None,
-        flips: torch.Tensor | None,
-    ) -> Gathered:
+    def _decode(self, batch: _JpegBatch) -> Gathered:
         parts = self.parts
         device, size = parts.spec.device, parts.spec.image_size
-        encoded = [data.clone() for data in encoded]  # owned copies, not views of the map
+        encoded = [data.clone() for data in batch.encoded]  # owned copies, not views of the map
 
         def finish(decoded: list[Decoded]) -> torch.Tensor:
             out = torch.empty((len(decoded), 3, size, size), dtype=torch.uint8, device=device)
-            return self.finish(self.whole(decoded, indices), boxes, flips, out)
+            images = self.whole(decoded, batch.indices)
+            return self.finish(images, batch.boxes, batch.flips, out)
 
-        regions = _regions(boxes, len(encoded))
+        regions = _regions(batch.boxes, len(encoded))
         with parts.threads.on_stream():
             images, _ = parts.threads.decoder().run(encoded, finish, regions, admitted=True)
-            labels = parts.label_pool.to_device(labels, device)
+            labels = parts.label_pool.to_device(batch.labels, device)
             return Gathered(images, labels, parts.threads.ready())
 
     def decodes_on(self) -> torch.device:
