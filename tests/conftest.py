@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import json
 import os
 import random
@@ -107,6 +108,25 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         items[:] = [item for group in groups for item in group]
     elif order != "as-written":
         raise pytest.UsageError(f"--order={order}: slow-first, as-written, reverse or shuffle:SEED")
+
+
+@pytest.fixture(autouse=True)
+def native_watchdog(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Behind pytest-timeout (a Python thread, which a main thread blocked in native code with
+    the GIL held would stall too): faulthandler's watchdog, a C thread, prints every thread's
+    stack and ends the process a minute after the test's timeout. xdist then fails that test
+    and replaces the worker: a hang can never hold the whole run."""
+    marker = request.node.get_closest_marker("timeout")
+    limit = marker.args[0] if marker and marker.args else request.config.getini("timeout")
+    seconds = float(limit or 0)
+    if seconds <= 0:
+        yield
+        return
+    faulthandler.dump_traceback_later(seconds + 60, exit=True)
+    try:
+        yield
+    finally:
+        faulthandler.cancel_dump_traceback_later()
 
 
 class ProcessInAFastTest(RuntimeError):

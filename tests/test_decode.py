@@ -17,6 +17,7 @@ from PIL import Image
 from loaderbench import decode, decoded_by
 from loaderbench.decode import BACKENDS, JpegBackend, cpu_batch, decode_pil
 from loaderbench.loaders import build_loader
+from loaderbench.loaders.memmap.loader import store_batches
 from loaderbench.loaders.spdl.decoders import TurboDecoder
 from loaderbench.loaders.spdl.geometry import Geometry, apply_plan
 from loaderbench.loaders.spdl.records import Opened, Sample
@@ -485,7 +486,9 @@ def test_memmap_batched_jpeg_path_decodes_regions_like_the_threads(
     batches = []
     for batched in (False, True):
         with build_loader(spec) as loader:
-            loader._decode_on_device = batched  # type: ignore[attr-defined]
+            loader.batches = store_batches(  # type: ignore[attr-defined]
+                loader.cache, loader.parts, loader.policy, on_device=batched
+            )
             loader.set_epoch(1)
             batches.append(torch.cat([b.images for b in loader]))
     assert torch.equal(batches[0], batches[1])

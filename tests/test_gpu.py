@@ -143,7 +143,7 @@ def test_memmap_train_batches_on_the_gpu_match_the_cpu(
             assert diff.mean() < (MEAN_DIFF if store == "raw" else 2.0)
             assert store == "jpeg" or diff.max() <= MAX_DIFF
             if rows is not None:  # the same batched crop on the CPU: float rounding apart
-                boxes, flips = on_cpu._train_boxes(0, indices)
+                boxes, flips = on_cpu.parts.train_boxes(0, indices)
                 stored = rows[indices].permute(0, 3, 1, 2)
                 expected = resize_boxes(stored, boxes, b.images.shape[-1], flips)
                 assert (expected.int() - b.images.cpu().int()).abs().max() <= 1

@@ -104,6 +104,8 @@ def test_a_data_parallel_run_agrees_to_stop_at_an_epoch_s_last_step() -> None:
     check.start_pass(5)
     with preemption_noted():
         assert [check(step) for step in range(1, 6)] == [False] * 5
+        # Sent to this whole (xdist worker) process: only ever with the handler in place.
+        assert signal.getsignal(signal.SIGUSR2) not in (signal.SIG_DFL, signal.SIG_IGN, None)
         os.kill(os.getpid(), signal.SIGUSR2)
         assert [check(step) for step in range(1, 6)] == [False] * 4 + [True]
         assert check.stopped_at == 5

@@ -160,6 +160,7 @@ class TorchvisionLoader(Loader):
             drop_last=False,  # the sampler already cut the epoch to whole batches
             persistent_workers=workers > 0 and settings.persistent_workers,
             prefetch_factor=settings.per_worker_prefetch() if workers > 0 else None,
+            timeout=(settings.timeout_s or 0) if workers > 0 else 0,
             # Its own generator for the workers' base seed: DataLoader would otherwise draw it
             # from the global RNG at every epoch's start.
             generator=torch.Generator().manual_seed(spec.seed * 1_000 + spec.rank),
@@ -189,6 +190,13 @@ class TorchvisionLoader(Loader):
                     yield to_device(batch, self.spec.device, non_blocking)
         except RuntimeError as error:
             dead = self._dead_workers()
+            if not dead and "timed out" in str(error):  # DataLoader's timeout: none died
+                timeout = self.dataloader.timeout
+                raise TimeoutError(
+                    f"torchvision loader: no batch for loader.timeout_s={timeout:g} s in epoch "
+                    f"{self.epoch} from {self.dataloader.num_workers} worker processes, none of "
+                    "them dead; is the file system stuck, or a worker deadlocked?"
+                ) from error
             if not dead:
                 raise
             raise RuntimeError(

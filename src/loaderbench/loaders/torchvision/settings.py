@@ -4,13 +4,24 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from loaderbench.loaders.settings import LoaderSettings
+from loaderbench.loaders.settings import Check, LoaderSettings
 
 
 @dataclass
 class Settings(LoaderSettings):
     # Keep the worker processes between epochs (DataLoader's persistent_workers).
     persistent_workers: bool = True
+    # With worker processes, a batch not ready within this many seconds raises TimeoutError
+    # (null: wait forever): a worker stuck on a file system that does not answer, or
+    # deadlocked, is otherwise never noticed (DataLoader notices only workers that died).
+    timeout_s: float | None = 600.0
+
+    def checks(self) -> list[Check]:
+        timeout = self.timeout_s
+        return [
+            *super().checks(),
+            (timeout is None or timeout > 0, "loader.timeout_s must be > 0 or null", timeout),
+        ]
 
     def per_worker_prefetch(self) -> int:
         """DataLoader's prefetch_factor (per worker) for ``prefetch`` batches in total."""
