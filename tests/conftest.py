@@ -17,6 +17,8 @@ from typing import Any
 
 import psutil
 import pytest
+import pytest_timeout
+from _pytest.faulthandler import fault_handler_stderr_fd_key
 
 from loaderbench.images import DEFAULT_MAX_PIXELS, set_max_pixels
 from loaderbench.loaders import file_loader_names, loader_names, settings_class
@@ -114,15 +116,20 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def native_watchdog(request: pytest.FixtureRequest) -> Iterator[None]:
     """Behind pytest-timeout (a Python thread, which a main thread blocked in native code with
     the GIL held would stall too): faulthandler's watchdog, a C thread, prints every thread's
-    stack and ends the process a minute after the test's timeout. xdist then fails that test
-    and replaces the worker: a hang can never hold the whole run."""
-    marker = request.node.get_closest_marker("timeout")
-    limit = marker.args[0] if marker and marker.args else request.config.getini("timeout")
-    seconds = float(limit or 0)
-    if seconds <= 0:
+    stack and ends the process a minute after the test's timeout (pytest-timeout's own reading
+    of it: marker, --timeout, PYTEST_TIMEOUT, ini; none under a debugger). xdist then fails that
+    test and replaces the worker: a hang can never hold the whole run. The stacks go to pytest's
+    copy of the real stderr, which output capture does not swallow. (A child forked with
+    ``os.fork`` that then exits through the interpreter's finalisation would wait for the
+    watchdog thread it does not have: children here exit as multiprocessing's do, with
+    ``os._exit``.)"""
+    settings = pytest_timeout._get_item_settings(request.node)
+    if not settings.timeout or settings.timeout <= 0 or pytest_timeout.is_debugging():
         yield
         return
-    faulthandler.dump_traceback_later(seconds + 60, exit=True)
+    stderr = request.config.stash.get(fault_handler_stderr_fd_key, None)
+    where = stderr if stderr is not None else sys.__stderr__
+    faulthandler.dump_traceback_later(settings.timeout + 60, exit=True, file=where)
     try:
         yield
     finally:

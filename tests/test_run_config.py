@@ -239,6 +239,7 @@ def test_the_resume_rule_table() -> None:
     assert RESUME_RULES == {
         "checkpoint": MAY_DIFFER,
         "train.resume": MAY_DIFFER,
+        "loader.timeout_s": MAY_DIFFER,
         "seed": MUST_MATCH,
         "image_size": MUST_MATCH,
         "loader.batch_size": MUST_MATCH,

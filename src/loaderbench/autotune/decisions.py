@@ -101,12 +101,14 @@ def decision_key(
 ) -> dict[str, Any]:
     """Everything the choice depends on: the machine and the CPUs the job's ranks agreed on,
     the libraries and the decoder, the loader and all its settings but the count (the probe's
-    own included, but ``refresh``, which asks for a probe and decides nothing), the model, the
-    split (its name, size and fingerprint: files added, removed, resized or touched), image
-    and batch size, augmentation, device, precision, world size and task."""
+    own included, but ``refresh``, which asks for a probe, and ``timeout_s``: neither decides
+    anything), the model, the split (its name, size and fingerprint: files added, removed,
+    resized or touched), image and batch size, augmentation, device, precision, world size
+    and task."""
     config = session.config
     settings = dataclasses.asdict(spec.settings)
     settings.pop("num_workers")
+    settings.pop("timeout_s", None)  # how long to wait for a stuck worker: decides nothing
     settings["autotune"].pop("refresh")
     key = {
         "version": KEY_VERSION,

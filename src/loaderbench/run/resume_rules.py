@@ -50,6 +50,8 @@ RESUME_RULES: dict[str, str] = {
     # How the run was asked to resume.
     "checkpoint": MAY_DIFFER,
     "train.resume": MAY_DIFFER,
+    # How long to wait for a stuck worker: nothing trained depends on it.
+    "loader.timeout_s": MAY_DIFFER,
     # The schedule's steps per epoch, each epoch's order and crops, the saved batch offset.
     "seed": MUST_MATCH,
     "image_size": MUST_MATCH,

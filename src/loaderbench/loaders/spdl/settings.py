@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,7 +45,11 @@ class Settings(LoaderSettings):
                 f"loader.decoder must be one of {sorted(DECODERS)}",
                 self.decoder,
             ),
-            (timeout is None or timeout > 0, "loader.timeout_s must be > 0 or null", timeout),
+            (
+                timeout is None or (math.isfinite(timeout) and timeout > 0),
+                "loader.timeout_s must be > 0 (finite) or null",
+                timeout,
+            ),
         ]
 
     def ready_batches(self) -> int:

@@ -190,7 +190,8 @@ class TorchvisionLoader(Loader):
                     yield to_device(batch, self.spec.device, non_blocking)
         except RuntimeError as error:
             dead = self._dead_workers()
-            if not dead and "timed out" in str(error):  # DataLoader's timeout: none died
+            timed_out = str(error).startswith("DataLoader timed out after")
+            if not dead and self.dataloader.timeout > 0 and timed_out:  # none died
                 timeout = self.dataloader.timeout
                 raise TimeoutError(
                     f"torchvision loader: no batch for loader.timeout_s={timeout:g} s in epoch "

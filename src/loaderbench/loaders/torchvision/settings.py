@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from loaderbench.loaders.settings import Check, LoaderSettings
@@ -20,7 +21,11 @@ class Settings(LoaderSettings):
         timeout = self.timeout_s
         return [
             *super().checks(),
-            (timeout is None or timeout > 0, "loader.timeout_s must be > 0 or null", timeout),
+            (
+                timeout is None or (math.isfinite(timeout) and timeout > 0),
+                "loader.timeout_s must be > 0 (finite) or null",
+                timeout,
+            ),
         ]
 
     def per_worker_prefetch(self) -> int:
