@@ -20,6 +20,11 @@ def probed(work: threading.Thread | None, seconds: float = 1.5) -> float:
         work.start()
     time.sleep(seconds)
     probe.stop()
+    if work is not None:
+        # Never left running: a fork in a later test of this process (a DataLoader's workers)
+        # while its matrix product is under way deadlocks in OpenBLAS's fork handler, in native
+        # code no timeout's handler reaches (the CI run that never finished).
+        work.join()
     held, probes = probe.take()
     assert probes > 100  # ~500 a second
     share = gil_frac(held, probes)
