@@ -37,8 +37,10 @@ data: install ## the generated data set (data/)
 # SLURM cluster) stay on one worker (--dist loadgroup). TEST_WORKERS=0: one process.
 # test-fast, the everyday loop, leaves out every test that starts a process (marked slow; the
 # suite fails a test that starts one unmarked); test, the whole suite, lists its 25 slowest.
+# A worker ended by a test's timeout ends the run (--max-worker-restart=0): under loadgroup a
+# replacement is never handed the crashed worker's tests, and the run would wait for ever.
 TEST_WORKERS ?= 2
-PYTEST = $(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup -ra
+PYTEST = $(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup --max-worker-restart=0 -ra
 test: install ## the whole suite (slow tests too), as users run the product; its 25 slowest
 	$(PYTEST) --durations=25 $(ARGS)
 

@@ -118,7 +118,7 @@ def native_watchdog(request: pytest.FixtureRequest) -> Iterator[None]:
     the GIL held would stall too): faulthandler's watchdog, a C thread, prints every thread's
     stack and ends the process a minute after the test's timeout (pytest-timeout's own reading
     of it: marker, --timeout, PYTEST_TIMEOUT, ini; none under a debugger). xdist then fails that
-    test and replaces the worker: a hang can never hold the whole run. The stacks go to pytest's
+    test and ends the run (``--max-worker-restart=0``): a hang can never hold it for ever. The stacks go to pytest's
     copy of the real stderr, which output capture does not swallow. (A child forked with
     ``os.fork`` that then exits through the interpreter's finalisation would wait for the
     watchdog thread it does not have: children here exit as multiprocessing's do, with

@@ -81,7 +81,7 @@ def test_spdl_settings_refuse_an_unknown_decoder_and_timeout() -> None:
     problems = failed_checks(Settings(name="spdl", decoder="nope", timeout_s=0.0).checks())
     assert problems == [
         "loader.decoder must be one of ['ffmpeg', 'nvjpeg', 'turbo'], got 'nope'",
-        "loader.timeout_s must be > 0 or null, got 0.0",
+        "loader.timeout_s must be > 0 (finite) or null, got 0.0",
     ]
 
 
