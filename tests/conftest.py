@@ -118,11 +118,11 @@ def native_watchdog(request: pytest.FixtureRequest) -> Iterator[None]:
     the GIL held would stall too): faulthandler's watchdog, a C thread, prints every thread's
     stack and ends the process a minute after the test's timeout (pytest-timeout's own reading
     of it: marker, --timeout, PYTEST_TIMEOUT, ini; none under a debugger). xdist then fails that
-    test and ends the run (``--max-worker-restart=0``): a hang can never hold it for ever. The stacks go to pytest's
-    copy of the real stderr, which output capture does not swallow. (A child forked with
-    ``os.fork`` that then exits through the interpreter's finalisation would wait for the
-    watchdog thread it does not have: children here exit as multiprocessing's do, with
-    ``os._exit``.)"""
+    test and ends the run (``--max-worker-restart=0``): a hang can never hold it for ever. The
+    stacks go to pytest's copy of the real stderr, which output capture does not swallow. (A
+    child forked with ``os.fork`` that then exits through the interpreter's finalisation would
+    wait for the watchdog thread it does not have: children here exit as multiprocessing's do,
+    with ``os._exit``.)"""
     settings = pytest_timeout._get_item_settings(request.node)
     if not settings.timeout or settings.timeout <= 0 or pytest_timeout.is_debugging():
         yield
