@@ -18,8 +18,13 @@ $(STAMP): requirements.txt pyproject.toml scripts/ensure_ffmpeg.sh
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	# Bytecode compiled here, once: where PYTHONDONTWRITEBYTECODE is set (this machine) every
-	# process would otherwise compile every module it imports, every time.
-	$(PY) -m pip install -r requirements.txt
+	# process would otherwise compile every module it imports, every time. compileall on every
+	# core, not pip's one at a time (65 s -> 52 s for the whole install here). A file this
+	# Python cannot compile is left to its source, as pip leaves it: torch's 3.12-syntax test
+	# helper is skipped by name; any other is reported and ignored.
+	$(PY) -m pip install --no-compile -r requirements.txt
+	-$(PY) -m compileall -qq -j 0 -x 'py312_intrinsics' \
+		$$($(PY) -c 'import sysconfig; print(sysconfig.get_path("purelib"))')
 	$(PY) -m pip install --quiet --no-deps --no-build-isolation -e .
 	touch $@
 

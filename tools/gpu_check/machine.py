@@ -11,6 +11,7 @@ import platform
 import shutil
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 PACKAGES = (
@@ -91,6 +92,14 @@ def _probe(code: str) -> dict[str, Any]:
     }
 
 
+def _probe_all() -> dict[str, dict[str, Any]]:
+    """Every probe, at once: each is an interpreter importing torch (seconds), and the GPU
+    machine's time is counted."""
+    with ThreadPoolExecutor(max_workers=len(PROBES)) as pool:
+        results = {name: pool.submit(_probe, code) for name, code in PROBES.items()}
+        return {name: result.result() for name, result in results.items()}
+
+
 def machine_info(probes: bool = True) -> dict[str, Any]:
     """The machine as JSON; without ``probes`` (the first record, written before the kit is
     installed) no library is imported in a fresh interpreter."""
@@ -122,7 +131,7 @@ def machine_info(probes: bool = True) -> dict[str, Any]:
             info["bf16_supported"] = torch.cuda.is_bf16_supported()
     except Exception as error:  # the report says what is wrong instead of failing
         info["torch_error"] = f"{type(error).__name__}: {error}"
-    info["probes"] = {name: _probe(code) for name, code in PROBES.items()} if probes else {}
+    info["probes"] = _probe_all() if probes else {}
     if shutil.which("nvidia-smi"):
         _, info["nvidia_smi"] = _run(["nvidia-smi"])
         _, info["nvidia_smi_query"] = _run(
