@@ -32,6 +32,12 @@ QUICK = [
     "bench.ceiling_batches=3",
 ]
 
+# memmap's one epoch with a steady window however loaded the machine: 40 batches of 4, one
+# read ahead. The window opens at 3 + 1; a loop that waits keeps it from its first wait, and
+# one that never waits (slower than the loader) spans 36 >= AHEAD_WINDOW_DEPTHS x 1 batches.
+# With 20 of 8 and 4 ahead, three pytest workers on 2 cores once left no window at all.
+WINDOWED = ["loader.batch_size=4", "loader.prefetch=1"]
+
 
 def test_resident_serves_one_batch_made_once_with_the_splits_labels(tiny_root: Path) -> None:
     """The same images every batch (made once: the same memory), of the run's shape, with
@@ -153,12 +159,7 @@ def test_a_jobs_resident_pass_states_ceiling_frac_and_leaves_the_weights_alone(
     """train.py with memmap: the resident pass's ceiling and the fraction in metrics.json and
     the W&B summary (an offline run read back); the same run without the pass trains the
     same weights to the same top-1 (the pass ran on a copy, its random draws undone)."""
-    # 40 batches of 4: a window past the head start (3 + 4) and before the epoch's tail (4),
-    # even where the loop is the slower (a loaded machine) and never waits: the meter keeps a
-    # window that spans AHEAD_WINDOW_DEPTHS queue depths (with 20 batches of 8, none: seen
-    # with three pytest workers on 2 cores).
-    common = [f"dataset.root={small_root}", "loader=memmap", "epochs=1", *QUICK]
-    common.append("loader.batch_size=4")
+    common = [f"dataset.root={small_root}", "loader=memmap", "epochs=1", *QUICK, *WINDOWED]
     common += loader_folder_overrides("memmap", tmp_path)
     (tmp_path / "with").mkdir()
     (tmp_path / "without").mkdir()
@@ -201,7 +202,7 @@ def test_a_sweeps_summary_holds_each_row_to_the_sweeps_resident_job(
         "logger=none",
         "hydra.sweep.dir=sweep",
         *QUICK[:-1],
-        "loader.batch_size=8",  # 20 batches: memmap's window past its head start
+        *WINDOWED,
         "bench.ceiling_batches=0",
         cwd=tmp_path,  # memmap's cache under it (its relative cache_dir)
     )

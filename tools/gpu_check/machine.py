@@ -93,8 +93,8 @@ def _probe(code: str) -> dict[str, Any]:
 
 
 def _probe_all() -> dict[str, dict[str, Any]]:
-    """Every probe, at once: each is an interpreter importing torch (seconds), and the GPU
-    machine's time is counted."""
+    """Every probe, at once: each is a fresh interpreter (seconds, most importing torch), and
+    the GPU machine's time is counted."""
     with ThreadPoolExecutor(max_workers=len(PROBES)) as pool:
         results = {name: pool.submit(_probe, code) for name, code in PROBES.items()}
         return {name: result.result() for name, result in results.items()}
