@@ -45,7 +45,9 @@ install_packages() {
 write_config() {
     local host cpus memory
     host=$(hostname -s)
-    cpus=$(nproc)
+    # The CPUs this process may run on: nproc answers OMP_NUM_THREADS instead where it is set
+    # (a thread count, not the node's: the test suite sets it to each worker's share).
+    cpus=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)
     memory=$(($(awk '/MemTotal/ {print $2}' /proc/meminfo) / 1024 * 9 / 10))
     mkdir -p "$DIR/state" "$DIR/spool" "$DIR/munge"
     # Quick turns for tests: a requeued job waits cred_expire seconds (120 by default) before

@@ -25,12 +25,9 @@ from _pytest.faulthandler import fault_handler_stderr_fd_key
 
 def share_the_cores(env: dict[str, str] | os._Environ = os.environ) -> None:
     """Each xdist worker, and every process its tests start, gets its share of the cores in
-    OMP_NUM_THREADS (unless given one). At torch's default, every run takes an intra-op
-    thread a core while the other workers' runs take the same cores: two test_resnet runs at
-    once on 2 cores took 24 CPU-s each, against 10 at one thread each (OpenMP's threads spin
-    waiting for the ones the other run displaced; docs/design.md, the test suite). The product sizes its
-    ranks' threads by their share the same way (loaderbench.runtime.set_intra_op_threads).
-    Before torch is first imported: OpenMP reads the variable when it loads."""
+    OMP_NUM_THREADS (unless given one): at torch's default, two runs at once on 2 cores spin
+    OpenMP threads on each other's cores (docs/design.md, "The test suite"). Called before
+    torch is first imported: OpenMP reads the variable when it loads."""
     workers = int(env.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     if workers > 1 and "OMP_NUM_THREADS" not in env:
         try:

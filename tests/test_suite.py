@@ -1,16 +1,18 @@
 """The suite's own machinery: `make test`'s xdist groups hold (the quick bench and the local
 SLURM cluster are module and session fixtures, built once only if their tests share a worker),
-and a test not marked slow cannot start a process (`make test-fast` stays fast)."""
+and a test not marked slow cannot start a process (`make test-fast` stays fast); each worker
+gets its share of the cores."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import ProcessInAFastTest
+from tests.conftest import ProcessInAFastTest, share_the_cores
 
 pytest.importorskip("xdist", reason="make test runs pytest-xdist; this pytest has none")
 
@@ -85,3 +87,16 @@ def test_a_test_not_marked_slow_that_starts_a_process_is_refused_naming_it(
 def test_a_slow_test_starts_processes(process_guard: list[str]) -> None:
     assert subprocess.run(["true"], check=False).returncode == 0
     assert process_guard == []
+
+
+def test_each_worker_gets_its_share_of_the_cores_unless_the_environment_says() -> None:
+    cpus = len(os.sched_getaffinity(0))
+    two = {"PYTEST_XDIST_WORKER_COUNT": "2"}
+    share_the_cores(two)
+    assert two["OMP_NUM_THREADS"] == str(max(1, cpus // 2))
+    given = {"PYTEST_XDIST_WORKER_COUNT": "2", "OMP_NUM_THREADS": "3"}
+    share_the_cores(given)
+    assert given["OMP_NUM_THREADS"] == "3"
+    alone: dict[str, str] = {}  # one process (TEST_WORKERS=0): the machine's, torch's default
+    share_the_cores(alone)
+    assert "OMP_NUM_THREADS" not in alone

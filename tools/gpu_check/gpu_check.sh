@@ -376,7 +376,10 @@ loader_sweep() {
 }
 
 main() {
-    echo "gpu_check: $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(hostname), $(nproc) CPUs," \
+    # The CPUs it may run on (nproc answers OMP_NUM_THREADS instead where that is set).
+    local cpus
+    cpus=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)
+    echo "gpu_check: $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(hostname), $cpus CPUs," \
         "mode: $([[ $DRY == 1 ]] && echo dry run || echo GPU), python: $PY," \
         "kit: $([[ $STACK == gpu ]] && echo installed || echo checked)"
     echo "gpu_check: CUDA: $(tail -n 1 <<<"$cuda_msg")"
@@ -396,7 +399,7 @@ main() {
     [[ $DRY == 1 ]] && mode="GPU check, DRY RUN on the CPU (not GPU figures)"
     [[ $DRY == 1 && $STACK == gpu ]] && mode+=", in the GPU machine's stack with the kit installed"
     note() { notes+=("$*"); } # one note of all its arguments
-    note "$(date -u +%Y-%m-%d\ %H:%M) UTC on $(hostname), $(nproc) CPUs; python $PY"
+    note "$(date -u +%Y-%m-%d\ %H:%M) UTC on $(hostname), $cpus CPUs; python $PY"
     note "CUDA: $(tail -n 1 <<<"$cuda_msg")"
     note "data: synthetic, $classes classes, $((classes * train)) train +" \
         "$((classes * val)) val JPEGs of ImageNet's sizes (${root##*/})"
