@@ -1,11 +1,18 @@
 """A data-parallel run preempted (USR2) in epochs shorter than the log interval, mid-epoch and
 at an epoch's last step, continues and ends with the weights of an uninterrupted run; a resume
-that would change the run's shape is refused, naming what changed."""
+that would change the run's shape is refused, naming what changed.
+
+The jobs start through the documented launch (``python -m loaderbench.launch``: torchrun with
+USR2 ignored, issue 38) and get USR2 in every process, the launcher's too, as SLURM signals
+every process of a step: the launcher outlives its ranks, and the same command resumes."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
+import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -52,25 +59,57 @@ def uninterrupted(small_root: Path, tmp_path_factory: pytest.TempPathFactory):
     return reference_checkpoints(tmp_path_factory, launch)
 
 
-def send_to_ranks(agent: psutil.Process, signum: int) -> int:
-    """Signal the job's ranks (the agent's children), as SLURM signals every task."""
-    ranks = agent.children()
+LAUNCH = {"nproc": 2, "launcher": "loaderbench.launch"}  # the documented launch
+
+
+def signal_every_process(launcher: psutil.Process) -> list[psutil.Process]:
+    """USR2 to the launcher and every process under it (ranks, their loader workers), as
+    SLURM signals every process of a step; the ranks (the launcher's children)."""
+    ranks = launcher.children()
+    for process in [launcher, *launcher.children(recursive=True)]:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            process.send_signal(signal.SIGUSR2)
+    return ranks
+
+
+def ranks_alive_at_its_end(
+    proc: subprocess.Popen, ranks: list[psutil.Process]
+) -> tuple[list[int], str]:
+    """Wait for the launcher (its output drained meanwhile); the ranks still running (not
+    zombies its end left unreaped) the moment it had ended, and the rest of its output."""
+    assert proc.stdout is not None
+    rest: list[str] = []
+    reader = threading.Thread(target=lambda: rest.append(proc.stdout.read()), daemon=True)
+    reader.start()
+    deadline = time.monotonic() + 300
+    while proc.poll() is None:
+        assert time.monotonic() < deadline, "the launcher is still running after 300 s"
+        time.sleep(0.01)
+    alive = []
     for rank in ranks:
-        rank.send_signal(signum)
-    return len(ranks)
+        with contextlib.suppress(psutil.NoSuchProcess):
+            if rank.is_running() and rank.status() != psutil.STATUS_ZOMBIE:
+                alive.append(rank.pid)
+    reader.join(timeout=300)
+    return alive, "".join(rest)
 
 
-def signal_ranks_after(proc, marker: str, signum: int, timeout: float = 300) -> str:
-    """Read the job's output until ``marker``, signal its ranks, return everything printed."""
+def preempt_after(
+    proc: subprocess.Popen, marker: str, timeout: float = 300
+) -> tuple[list[int], str]:
+    """Read the job's output until ``marker``, send USR2 to every process of the job; the
+    ranks still running when the launcher had ended, and everything it printed."""
     lines, deadline = [], time.monotonic() + timeout
     assert proc.stdout is not None
     for line in proc.stdout:
         lines.append(line)
         if marker in line:
-            assert send_to_ranks(psutil.Process(proc.pid), signum) == 2
             break
         assert time.monotonic() < deadline, "".join(lines[-20:])
-    return "".join(lines) + finish(proc, timeout)
+    ranks = signal_every_process(psutil.Process(proc.pid))
+    assert len(ranks) == 2, "".join(lines[-20:])
+    alive, rest = ranks_alive_at_its_end(proc, ranks)
+    return alive, "".join(lines) + rest
 
 
 @pytest.mark.parametrize(
@@ -97,17 +136,26 @@ def test_usr2_stops_two_ranks_within_the_bound_and_the_run_continues_exactly(
     run_dir = tmp_path / "run"
     args = [*RECIPE, f"dataset.root={small_root}", *extra, f"hydra.run.dir={run_dir}"]
     # USR2 right after epoch 1's row: the stop comes in epoch 2, at its first agreed step.
-    output = signal_ranks_after(start_torchrun(*args, cwd=tmp_path), "epoch 1/3:", signal.SIGUSR2)
+    proc = start_torchrun(*args, cwd=tmp_path, **LAUNCH)
+    alive, output = preempt_after(proc, "epoch 1/3:")
+    # Plain torchrun died of the signal (-12) with its ranks still writing the checkpoint.
+    assert proc.returncode != -signal.SIGUSR2 and alive == [], (proc.returncode, alive)
     assert "preempted (SIGUSR2)" in output, output[-4000:]
     stopped = torch.load(run_dir / "checkpoint.pt", weights_only=True)
     assert stopped["epoch"] == 1 and stopped["batches"] in stops_at, output[-3000:]
     metrics = json.loads((run_dir / "metrics.json").read_text())
-    assert metrics["status"] == "preempted"
+    assert metrics["status"] == "preempted" and metrics["world_size"] == 2
 
-    continued = torchrun(*args, cwd=tmp_path).stdout  # the requeued job: same command, no flag
+    # The requeued job: the same command, no flag.
+    requeued = start_torchrun(*args, cwd=tmp_path, **LAUNCH)
+    continued = finish(requeued, 600)
+    assert requeued.returncode == 0, continued[-4000:]
     metrics = json.loads((run_dir / "metrics.json").read_text())
-    assert metrics["status"] == "ok" and metrics["epochs"] == 3 and metrics["requeues"] == 1
+    assert metrics["status"] == "ok" and metrics["epochs"] == 3, continued[-3000:]
+    assert metrics["requeues"] == 1
     assert "loss nan" not in continued, continued[-3000:]
+    per_epoch = 2 * 16 * (3 if "bench.max_batches=3" in extra else STEPS)
+    assert metrics["epoch_samples"] == [per_epoch] * 3 and metrics["epoch_repeats"] == [0] * 3
     expected = uninterrupted(*[e for e in extra if e.startswith("bench.")])
     resumed = torch.load(run_dir / "checkpoint.pt", weights_only=True)
     assert resumed["epoch"] == 3 and resumed["batches"] == 0

@@ -12,11 +12,9 @@ SLURM signals every task, and requeued with the same command on another number o
 
 from __future__ import annotations
 
-import contextlib
 import shutil
 import signal
 import subprocess
-import threading
 import time
 from pathlib import Path
 
@@ -369,72 +367,3 @@ def test_a_relaunch_that_finds_no_checkpoint_says_where_it_looked(
     with caplog.at_level("INFO", logger="loaderbench.run.resume_rules"):
         note_fresh_start(RunConfig(), tmp_path, "train", 1)
     assert "starting afresh" in caplog.text
-
-
-# ---------------------------------------------------------------------------------------------
-# The documented launch under SLURM's preemption signal (issue 38, item 2).
-
-
-def signal_every_process(launcher: psutil.Process) -> list[psutil.Process]:
-    """USR2 to the launcher and every process under it (ranks, their loader workers), as
-    SLURM signals every process of a step; the ranks (the launcher's children)."""
-    ranks = launcher.children()
-    for process in [launcher, *launcher.children(recursive=True)]:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            process.send_signal(signal.SIGUSR2)
-    return ranks
-
-
-def ranks_alive_at_its_end(proc: subprocess.Popen, ranks: list[psutil.Process]) -> list[int]:
-    """Wait for the launcher (its output drained meanwhile); the ranks still running (not
-    zombies its end left unreaped) the moment it had ended."""
-    assert proc.stdout is not None
-    rest: list[str] = []
-    reader = threading.Thread(target=lambda: rest.append(proc.stdout.read()), daemon=True)
-    reader.start()
-    deadline = time.monotonic() + 600
-    while proc.poll() is None:
-        assert time.monotonic() < deadline, "the launcher is still running after 600 s"
-        time.sleep(0.01)
-    alive = []
-    for rank in ranks:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            if rank.is_running() and rank.status() != psutil.STATUS_ZOMBIE:
-                alive.append(rank.pid)
-    reader.join(timeout=600)
-    return alive
-
-
-@pytest.mark.slow
-def test_the_documented_launch_outlives_its_ranks_preempted_and_the_same_command_resumes(
-    elastic_root: Path, tmp_path: Path
-) -> None:
-    """``python -m loaderbench.launch`` (torchrun with USR2 ignored), 2 gloo ranks, sent USR2
-    in every process of the job mid epoch 2: the launcher is not killed by it and ends after
-    its ranks, with metrics.json saying ``preempted`` and a checkpoint that loads; the same
-    command then finishes the run, every epoch's samples (and the weights) an uninterrupted
-    run's. Plain torchrun died of the signal before its ranks had written metrics.json."""
-    run_dir = tmp_path / "run"
-    args = [*RECIPE, f"dataset.root={elastic_root}", f"hydra.run.dir={run_dir}"]
-    launch = {"cwd": tmp_path, "nproc": RANKS, "launcher": "loaderbench.launch"}
-    proc = start_torchrun(*args, **launch)
-    assert proc.stdout is not None
-    said = []
-    for line in proc.stdout:
-        said.append(line)
-        if "epoch 1/3:" in line:
-            break
-    ranks = signal_every_process(psutil.Process(proc.pid))
-    assert len(ranks) == RANKS, "".join(said[-20:])
-    alive = ranks_alive_at_its_end(proc, ranks)
-    assert proc.returncode != -signal.SIGUSR2 and alive == [], (proc.returncode, alive)
-    metrics = read_metrics(run_dir)
-    assert metrics["status"] == "preempted" and metrics["world_size"] == RANKS
-    stopped = checkpoint(run_dir)
-    assert (stopped["epoch"], stopped["world_size"]) == (1, RANKS)
-    assert 0 < stopped["batches"] < STEPS  # in the middle of epoch 2
-
-    done = finish(start_torchrun(*args, **launch), 900)  # the same command
-    metrics = read_metrics(run_dir)
-    assert metrics["status"] == "ok" and metrics["requeues"] == 1, done[-3000:]
-    same_as_uninterrupted(checkpoint(run_dir), metrics, elastic_root, tmp_path, "torchvision")

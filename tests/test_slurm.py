@@ -82,35 +82,6 @@ TRAIN = [
 ]
 
 
-def test_slurm_ddp_matches_torchrun(local_slurm: dict, small_root: Path, tmp_path: Path) -> None:
-    """Two gloo tasks of one SLURM job, one CPU each: the same numbers as torchrun's."""
-    slurm_cwd, torchrun_cwd = tmp_path / "slurm", tmp_path / "torchrun"
-    slurm_cwd.mkdir()
-    torchrun_cwd.mkdir()
-    common = [f"dataset.root={small_root}", "loader=memmap", *TRAIN]
-    run_entry(
-        "train.py",
-        "--multirun",
-        "hydra/launcher=slurm_ddp",
-        "hydra.launcher.tasks_per_node=2",
-        "hydra.launcher.cpus_per_task=1",
-        *common,
-        f"loader.cache_dir={tmp_path / 'cache'}",
-        cwd=slurm_cwd,
-        env=local_slurm,
-    )
-    sweep, _ = sweep_rows(slurm_cwd, "train")
-    (slurm,) = job_metrics(sweep)
-    torchrun(*common, f"loader.cache_dir={tmp_path / 'cache'}", cwd=torchrun_cwd)
-    (reference,) = [json.loads(p.read_text()) for p in torchrun_cwd.rglob("metrics.json")]
-    assert slurm["status"] == reference["status"] == "ok"
-    assert slurm["world_size"] == reference["world_size"] == 2
-    assert slurm["images"] == reference["images"] == 2 * 160
-    assert slurm["loss"] == pytest.approx(reference["loss"], rel=1e-4)
-    assert slurm["top1"] == pytest.approx(reference["top1"], abs=1e-9)
-    assert slurm["intra_op_threads"] == 1  # 1 CPU a task, less 1 loader thread, at least 1
-
-
 def squeue_job(env: dict) -> str | None:
     out = subprocess.run(
         ["squeue", "-h", "-o", "%i %T"], env=env, capture_output=True, text=True
@@ -158,16 +129,18 @@ def test_usr2_requeues_the_job_which_resumes_and_finishes(
     assert rows[0]["status"] == "ok"
 
 
-def test_usr2_requeues_a_two_task_job_which_ends_as_the_uninterrupted_run(
+def test_a_two_task_job_requeued_by_usr2_ends_as_the_uninterrupted_torchrun_job(
     local_slurm: dict, small_root: Path, tmp_path: Path
 ) -> None:
-    """USR2 to both tasks of a slurm_ddp job in 5-step epochs (far fewer than the log
-    interval): the ranks agree to stop at the epoch's last step, checkpoint, requeue, and the
-    requeued job ends with the weights of an uninterrupted torchrun job."""
+    """Two gloo tasks of one slurm_ddp job, one CPU each, sent USR2 in 5-step epochs (far
+    fewer than the log interval): the ranks agree to stop at the epoch's last step,
+    checkpoint, requeue, and the requeued job ends with the numbers and the weights of the
+    uninterrupted torchrun job (memmap: the cache built by the SLURM job, reused by torchrun)."""
     slurm_cwd, torchrun_cwd = tmp_path / "slurm", tmp_path / "torchrun"
     slurm_cwd.mkdir()
     torchrun_cwd.mkdir()
-    common = [f"dataset.root={small_root}", "loader=torchvision", *TRAIN, "epochs=3"]
+    common = [f"dataset.root={small_root}", "loader=memmap", *TRAIN, "epochs=3"]
+    common.append(f"loader.cache_dir={tmp_path / 'cache'}")
     proc = subprocess.Popen(
         [
             sys.executable,
@@ -196,12 +169,17 @@ def test_usr2_requeues_a_two_task_job_which_ends_as_the_uninterrupted_run(
     output, _ = proc.communicate(timeout=300)
     assert signalled and proc.returncode == 0, output[-4000:]
     sweep, rows = sweep_rows(slurm_cwd, "train")
-    (metrics,) = job_metrics(sweep)
-    assert rows[0]["status"] == metrics["status"] == "ok" and metrics["epochs"] == 3, metrics
-    assert metrics["world_size"] == 2 and metrics["requeues"] == 1
+    (slurm,) = job_metrics(sweep)
+    assert rows[0]["status"] == slurm["status"] == "ok" and slurm["epochs"] == 3, slurm
+    assert slurm["world_size"] == 2 and slurm["requeues"] == 1
+    assert slurm["intra_op_threads"] == 1  # 1 CPU a task, less 1 loader thread, at least 1
     torchrun(*common, cwd=torchrun_cwd)
-    (reference,) = list(torchrun_cwd.rglob("checkpoint.pt"))
+    (reference,) = [json.loads(p.read_text()) for p in torchrun_cwd.rglob("metrics.json")]
+    assert reference["status"] == "ok" and reference["world_size"] == 2
+    assert slurm["loss"] == pytest.approx(reference["loss"], rel=1e-4)
+    assert slurm["top1"] == pytest.approx(reference["top1"], abs=1e-9)
+    (uninterrupted,) = list(torchrun_cwd.rglob("checkpoint.pt"))
     (resumed,) = list(sweep.rglob("checkpoint.pt"))
-    expected = torch.load(reference, weights_only=True)["model"]
+    expected = torch.load(uninterrupted, weights_only=True)["model"]
     for name, tensor in torch.load(resumed, weights_only=True)["model"].items():
         torch.testing.assert_close(tensor, expected[name], rtol=1e-5, atol=1e-6)
