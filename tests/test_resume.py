@@ -34,6 +34,8 @@ RECIPE = [
     "epochs=3",
     "loader.batch_size=16",
     "loader.num_workers=2",
+    "image_size=32",
+    "bench.ceiling_batches=0",  # no resident pass at the end: tests/test_ceiling.py's subject
 ]
 
 

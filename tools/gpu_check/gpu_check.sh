@@ -336,7 +336,7 @@ run_phases() {
     local decode_args=(--device cuda --batch 256 --images 1024 --seconds 0.3)
     local sharing_args=(--device cuda --images 1024 --seconds 1.5)
     if dry_settings; then
-        decode_args=(--device cpu --batch 32 --images 96 --seconds 0.5)
+        decode_args=(--device cpu --batch 32 --images 96 --seconds 0.2)
         sharing_args=(--device cpu --images 64 --seconds 0.3)
     fi
     phase decode 45 "$PY" -m tools.gpu_check decode "$root" --out "$OUT/decode.json" \
