@@ -44,12 +44,17 @@ data: install ## the generated data set (data/)
 # suite fails a test that starts one unmarked); test, the whole suite, lists its 25 slowest.
 # A worker ended by a test's timeout ends the run (--max-worker-restart=0): under loadgroup a
 # replacement is never handed the crashed worker's tests, and the run would wait for ever.
+# The checkout's own modules are compiled first (compileall skips what is current): where
+# PYTHONDONTWRITEBYTECODE is set, every process the tests start would compile them again.
 TEST_WORKERS ?= 2
+BYTECODE = $(PY) -m compileall -q -j 0 src tests tools train.py eval.py
 PYTEST = $(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup --max-worker-restart=0 -ra
 test: install ## the whole suite (slow tests too), as users run the product; its 25 slowest
+	$(BYTECODE)
 	$(PYTEST) --durations=25 $(ARGS)
 
 test-fast: install ## the everyday loop: the suite without the tests that start processes
+	$(BYTECODE)
 	$(PYTEST) -m "not slow" $(ARGS)
 
 # The descriptor audit (opt-in): tests/fd_audit/closeshim.c, preloaded into every process of the

@@ -51,7 +51,7 @@ def test_make_profile_samples_the_memmap_reading_threads_of_a_real_run(
         "loader.num_workers=2",
         "loader.batch_size=8",
         "image_size=64",
-        "bench.epochs=12",
+        "bench.epochs=4",
         f"loader.cache_dir={tmp_path / 'cache'}",
     ]
     done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=280)

@@ -41,6 +41,7 @@ def parser() -> argparse.ArgumentParser:
     data.add_argument("--classes", type=int, default=100)
     data.add_argument("--train", type=int, default=40, help="train images a class")
     data.add_argument("--val", type=int, default=10, help="val images a class")
+    data.add_argument("--max-side", type=int, default=None, help="long side (default: ImageNet's)")
     dec = sub.add_parser("decode", help="time batched JPEG decoding, write JSON")
     dec.add_argument("root", type=Path, help="the synthetic set's root (train/ inside)")
     dec.add_argument("--out", type=Path, required=True)
@@ -79,10 +80,12 @@ def record_machine(out: Path, quick: bool) -> int:
     return 0
 
 
-def make_data(parent: Path, classes: int, train: int, val: int) -> int:
+def make_data(parent: Path, classes: int, train: int, val: int, max_side: int | None) -> int:
     from loaderbench.synthetic import SyntheticSpec, ensure_synthetic
 
-    spec = SyntheticSpec(num_classes=classes, train_per_class=train, val_per_class=val)
+    spec = SyntheticSpec(
+        num_classes=classes, train_per_class=train, val_per_class=val, max_side=max_side
+    )
     print(ensure_synthetic(spec, parent.absolute()))
     return 0
 
@@ -130,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "env":
         return record_machine(args.out, args.quick)
     if args.command == "data":
-        return make_data(args.parent, args.classes, args.train, args.val)
+        return make_data(args.parent, args.classes, args.train, args.val, args.max_side)
     if args.command == "decode":
         return time_decoding(args)
     if args.command == "sharing":

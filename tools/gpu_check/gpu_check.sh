@@ -40,7 +40,7 @@
 #
 # --plan prints the projection and the size that travels, and runs nothing (exit 1: over budget).
 # Without CUDA it refuses (exit 3) unless given --dry-run, which does what a CPU can: checks the
-# kit, a small data set, the decode phase on CPU threads, pytest -m cuda (they skip), and the
+# kit, a small data set (160 px at most), the decode phase on CPU threads, pytest -m cuda (they skip), and the
 # same sweeps on the CPU with a tiny model at 32 px and small counts (no nvjpeg), with wandb
 # and submitit made unimportable as on the GPU machine; then the same report. It runs with
 # .venv's python and installs the kit into a fresh folder for `python3.12` where one is on the
@@ -280,12 +280,13 @@ setup_phases() {
     phase env 60 "$PY" -m tools.gpu_check env "$OUT/env.json" || true
 
     if dry_settings; then
-        classes=10 train=20 val=10
+        # Small images: the dry run checks the plumbing (every later phase decodes them).
+        classes=10 train=20 val=10 sizes=(--max-side 160) shape="of 160 px at most"
     else
-        classes=100 train=80 val=3
+        classes=100 train=80 val=3 sizes=() shape="of ImageNet's sizes"
     fi
     PHASE_LOG=$WORK/data.log phase data 90 "$PY" -m tools.gpu_check data "$WORK/data" \
-        --classes $classes --train $train --val $val || true
+        --classes $classes --train $train --val $val "${sizes[@]}" || true
     root=$(tail -n 1 "$WORK/data.log" 2>/dev/null || true)
     phase projection 30 bash -c project || true
 }
@@ -402,7 +403,7 @@ main() {
     note "$(date -u +%Y-%m-%d\ %H:%M) UTC on $(hostname), $cpus CPUs; python $PY"
     note "CUDA: $(tail -n 1 <<<"$cuda_msg")"
     note "data: synthetic, $classes classes, $((classes * train)) train +" \
-        "$((classes * val)) val JPEGs of ImageNet's sizes (${root##*/})"
+        "$((classes * val)) val JPEGs $shape (${root##*/})"
     note "runs: image_size=$size, loader.batch_size=$batch, epochs=$epochs with a model," \
         "bench.max_batches=$ladder_batches of $((batch / 2)) alone," \
         "loader.num_workers=$workers," \
