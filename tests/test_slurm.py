@@ -119,7 +119,7 @@ def test_usr2_requeues_the_job_which_resumes_and_finishes(
         if not signalled and job and logs and "epoch 1/3:" in logs[0].read_text():
             subprocess.run(["scancel", "--signal=USR2", job], env=local_slurm, check=True)
             signalled = True
-        time.sleep(0.5)
+        time.sleep(0.1)
     output, _ = proc.communicate(timeout=300)
     assert signalled and proc.returncode == 0, output[-4000:]
     sweep, rows = sweep_rows(tmp_path, "train")
@@ -134,12 +134,13 @@ def test_a_two_task_job_requeued_by_usr2_ends_as_the_uninterrupted_torchrun_job(
 ) -> None:
     """Two gloo tasks of one slurm_ddp job, one CPU each, sent USR2 in 5-step epochs (far
     fewer than the log interval): the ranks agree to stop at the epoch's last step,
-    checkpoint, requeue, and the requeued job ends with the numbers and the weights of the
-    uninterrupted torchrun job (memmap: the cache built by the SLURM job, reused by torchrun)."""
+    checkpoint, requeue, and the requeued job ends with the samples, numbers and weights of
+    the uninterrupted torchrun job (memmap: the cache built by the SLURM job, reused by
+    torchrun). 4 epochs: memmap's are short, and the signal must land before the last."""
     slurm_cwd, torchrun_cwd = tmp_path / "slurm", tmp_path / "torchrun"
     slurm_cwd.mkdir()
     torchrun_cwd.mkdir()
-    common = [f"dataset.root={small_root}", "loader=memmap", *TRAIN, "epochs=3"]
+    common = [f"dataset.root={small_root}", "loader=memmap", *TRAIN, "epochs=4"]
     common.append(f"loader.cache_dir={tmp_path / 'cache'}")
     proc = subprocess.Popen(
         [
@@ -162,20 +163,24 @@ def test_a_two_task_job_requeued_by_usr2_ends_as_the_uninterrupted_torchrun_job(
     while proc.poll() is None and time.monotonic() < deadline:
         logs = list((slurm_cwd / "outputs").rglob("train.log"))
         job = squeue_job(local_slurm)
-        if not signalled and job and logs and "epoch 1/3:" in logs[0].read_text():
+        if not signalled and job and logs and "epoch 1/4:" in logs[0].read_text():
             subprocess.run(["scancel", "--signal=USR2", job], env=local_slurm, check=True)
             signalled = True
-        time.sleep(0.5)
+        time.sleep(0.1)
     output, _ = proc.communicate(timeout=300)
     assert signalled and proc.returncode == 0, output[-4000:]
     sweep, rows = sweep_rows(slurm_cwd, "train")
     (slurm,) = job_metrics(sweep)
-    assert rows[0]["status"] == slurm["status"] == "ok" and slurm["epochs"] == 3, slurm
+    assert rows[0]["status"] == slurm["status"] == "ok" and slurm["epochs"] == 4, slurm
     assert slurm["world_size"] == 2 and slurm["requeues"] == 1
     assert slurm["intra_op_threads"] == 1  # 1 CPU a task, less 1 loader thread, at least 1
     torchrun(*common, cwd=torchrun_cwd)
     (reference,) = [json.loads(p.read_text()) for p in torchrun_cwd.rglob("metrics.json")]
     assert reference["status"] == "ok" and reference["world_size"] == 2
+    # Each task read its own share, every epoch whole (the requeued job counts on from the
+    # checkpoint's ledger).
+    assert slurm["epoch_samples"] == reference["epoch_samples"] == [160] * 4
+    assert slurm["epoch_repeats"] == reference["epoch_repeats"] == [0] * 4
     assert slurm["loss"] == pytest.approx(reference["loss"], rel=1e-4)
     assert slurm["top1"] == pytest.approx(reference["top1"], abs=1e-9)
     (uninterrupted,) = list(torchrun_cwd.rglob("checkpoint.pt"))

@@ -40,12 +40,13 @@
 #
 # --plan prints the projection and the size that travels, and runs nothing (exit 1: over budget).
 # Without CUDA it refuses (exit 3) unless given --dry-run, which does what a CPU can: checks the
-# kit, a small data set (160 px at most), the decode phase on CPU threads, pytest -m cuda (they skip), and the
-# same sweeps on the CPU with a tiny model at 32 px and small counts (no nvjpeg), with wandb
-# and submitit made unimportable as on the GPU machine; then the same report. It runs with
-# .venv's python and installs the kit into a fresh folder for `python3.12` where one is on the
-# PATH; with PY312=PATH (a Python 3.12 holding the GPU machine's stack: torch 2.11, torchvision
-# 0.26, ...) it runs every phase with that python and the kit installed as on the GPU machine.
+# kit, a small data set (256 px at most), the decode phase on CPU threads, pytest -m cuda (they
+# skip), and the same sweeps on the CPU with a tiny model at 32 px and small counts (no
+# nvjpeg), with wandb and submitit made unimportable as on the GPU machine; then the same
+# report. It runs with .venv's python and installs the kit into a fresh folder for `python3.12`
+# where one is on the PATH; with PY312=PATH (a Python 3.12 holding the GPU machine's stack:
+# torch 2.11, torchvision 0.26, ...) it runs every phase with that python and the kit installed
+# as on the GPU machine.
 # Environment: PYTHON (the interpreter, over all else), PY312, GPU_CHECK_BUDGET_S (the whole
 # check's time limit), GPU_CHECK_DRY_NVJPEG=1 (the dry run tries nvjpeg too: failed rows).
 set -euo pipefail
@@ -280,13 +281,14 @@ setup_phases() {
     phase env 60 "$PY" -m tools.gpu_check env "$OUT/env.json" || true
 
     if dry_settings; then
-        # Small images: the dry run checks the plumbing (every later phase decodes them).
-        classes=10 train=20 val=10 sizes=(--max-side 160) shape="of 160 px at most"
+        # Small images: the dry run checks the plumbing (every later phase decodes them); over
+        # memmap's store side (192), so that its shrinking of larger images runs too.
+        classes=10 train=20 val=10 sizes=(--max-side 256) shape="of 256 px at most"
     else
         classes=100 train=80 val=3 sizes=() shape="of ImageNet's sizes"
     fi
     PHASE_LOG=$WORK/data.log phase data 90 "$PY" -m tools.gpu_check data "$WORK/data" \
-        --classes $classes --train $train --val $val "${sizes[@]}" || true
+        --classes $classes --train $train --val $val ${sizes[@]+"${sizes[@]}"} || true
     root=$(tail -n 1 "$WORK/data.log" 2>/dev/null || true)
     phase projection 30 bash -c project || true
 }
