@@ -28,7 +28,7 @@ from loaderbench.autotune.policy import (
 )
 from loaderbench.autotune.rung import pooled
 from loaderbench.loaders.settings import AutotuneSettings
-from loaderbench.meters import ProcessTreeMonitor
+from loaderbench.process_tree import ProcessTreeMonitor
 from loaderbench.runtime import PRECISIONS, cpus_allowed
 from tests.conftest import (
     cpu_spec,

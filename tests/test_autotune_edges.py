@@ -31,7 +31,7 @@ from loaderbench.autotune import (
 from loaderbench.data import discover
 from loaderbench.loaders import build_loader
 from loaderbench.loaders.settings import AutotuneSettings
-from loaderbench.meters import ProcessTreeMonitor
+from loaderbench.process_tree import ProcessTreeMonitor
 from loaderbench.run import distributed
 from loaderbench.run.distributed import DistInfo
 from loaderbench.run.session import Session

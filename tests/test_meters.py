@@ -10,7 +10,8 @@ import psutil
 import pytest
 import torch
 
-from loaderbench.meters import Average, CpuWindow, LoopMeter, ProcessTreeMonitor, loop_metrics
+from loaderbench.meters import Average, LoopMeter, loop_metrics
+from loaderbench.process_tree import CpuWindow, ProcessTreeMonitor
 
 
 class FakeClock:

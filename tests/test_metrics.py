@@ -91,7 +91,8 @@ def test_a_new_metric_is_its_declaration(monkeypatch: pytest.MonkeyPatch, tmp_pa
     (job / ".hydra").mkdir(parents=True)
     (job / ".hydra" / "overrides.yaml").write_text("- loader=memmap\n")
     (job / "metrics.json").write_text(json.dumps({"status": "ok", "frames_dropped": 5}))
-    columns, rows = sweeps.write_summary(tmp_path / "sweep")
+    summary = sweeps.write_summary(tmp_path / "sweep")
+    columns, rows = summary.columns, summary.rows
     assert "frames_dropped" in columns and rows[0]["frames_dropped"] == 5
     assert "frames_dropped" in (tmp_path / "sweep" / "summary.csv").read_text().splitlines()[0]
 

@@ -68,12 +68,15 @@ def test_the_sweep_summary_has_the_slowest_ranks_wait_beside_the_mean(tmp_path: 
         if ranks > 1:  # what a two-rank job's metrics.json holds
             metrics.update(slowest_rank=1, slowest_rank_data_wait_frac=0.4)
         (folder / "metrics.json").write_text(json.dumps(metrics))
-    columns, rows = sweeps.write_summary(tmp_path / "sweep")
+    summary = sweeps.write_summary(tmp_path / "sweep")
+    columns, rows = summary.columns, summary.rows
     at = columns.index("data_wait_frac")
     assert columns[at + 1 : at + 2] == ["slowest_rank_data_wait_frac"]
     assert [r["slowest_rank_data_wait_frac"] for r in rows] == [0.4, None]
-    header = (tmp_path / "sweep" / "summary.md").read_text().splitlines()[4]
-    assert "| data_wait_frac | slowest_rank_data_wait_frac |" in header
+    lines = (tmp_path / "sweep" / "summary.md").read_text().splitlines()
+    (header,) = [line for line in lines if line.startswith("| rank |")]
+    assert "| data wait | slowest rank's wait |" in header
+    assert "| 25% | 40% |" in lines[lines.index(header) + 2]
 
 
 @pytest.fixture

@@ -17,11 +17,12 @@ from torch import nn
 
 from loaderbench.autotune import evaluation_workload, settle_num_workers, training_workload
 from loaderbench.config import ModelConfig
-from loaderbench.engine import consume
+from loaderbench.engine import consume, evaluate
 from loaderbench.loaders import Loader
-from loaderbench.meters import CpuWindow
 from loaderbench.metrics import TOP1
 from loaderbench.models import NO_MODEL, build_model, maybe_compile
+from loaderbench.process_tree import CpuWindow
+from loaderbench.run.autorange import WindowRule, run_passes
 from loaderbench.run.ceiling import job_ceiling
 from loaderbench.run.checkpoint import load_checkpoint
 from loaderbench.run.fitting import evaluation_pass
@@ -53,31 +54,58 @@ def run_job(task: Callable[[DictConfig], dict[str, Any]], cfg: DictConfig) -> fl
         return None
 
 
-def measure_loader(session: Session, loader: Loader, epochs: int) -> dict[str, Any]:
-    """model=none: the loader alone, over ``epochs`` passes."""
+def batches_a_pass(loader: Loader, max_batches: int | None) -> int:
+    """Batches one pass over ``loader`` makes (``bench.max_batches`` cuts it)."""
+    return len(loader) if max_batches is None else min(len(loader), max_batches)
+
+
+def measure_loader(session: Session, loader: Loader) -> dict[str, Any]:
+    """model=none: the loader alone, over ``bench.epochs`` passes (auto: until the steady
+    window is a measurement, ``run.autorange``)."""
     meter, window = session.meter(), CpuWindow(session.monitor)
     name, bench = session.config.loader.name, session.config.bench
+
+    def one_pass(epoch: int, next_epoch: bool) -> None:
+        loader.set_epoch(epoch, next_epoch=next_epoch)
+        with window:
+            consume(loader, meter, max_batches=bench.max_batches, desc=f"{name} pass {epoch}")
+
+    per_pass = batches_a_pass(loader, bench.max_batches)
     with session.keep_partial(meter, window):
-        for epoch in range(epochs):
-            loader.set_epoch(epoch, next_epoch=epoch + 1 < epochs)
-            with window:
-                consume(
-                    loader,
-                    meter,
-                    max_batches=bench.max_batches,
-                    desc=f"{name} epoch {epoch}",
-                )
-    return session.loop_metrics(meter, window)
+        passes = run_passes(meter, one_pass, WindowRule.of(bench), per_pass)
+    return {**session.loop_metrics(meter, window), **passes.metrics()}
 
 
 def evaluate_model(session: Session, model: nn.Module, loader: Loader) -> dict[str, Any]:
-    """Accuracy and end-to-end throughput of one pass over the val set."""
+    """Accuracy from one pass over the val set; its throughput over as many passes as
+    ``bench.epochs`` says (auto: until the steady window is a measurement)."""
     meter, window = session.meter(), CpuWindow(session.monitor)
-    with window:
-        counts = evaluation_pass(
-            session, model, loader, meter, max_batches=session.config.bench.max_batches
-        )
-    return {**session.loop_metrics(meter, window), **counts.metrics()}
+    bench = session.config.bench
+    accuracy: dict[str, Any] = {}
+
+    def one_pass(epoch: int, next_epoch: bool) -> None:
+        loader.set_epoch(epoch, next_epoch=next_epoch)
+        with window:
+            if epoch == 0:
+                counts = evaluation_pass(
+                    session, model, loader, meter, max_batches=bench.max_batches
+                )
+                accuracy.update(counts.metrics())
+            else:  # throughput only: the accuracy is the first pass's
+                evaluate(
+                    model,
+                    loader,
+                    session.precision,
+                    session.device,
+                    meter,
+                    max_batches=bench.max_batches,
+                    desc=f"val pass {epoch}",
+                )
+
+    per_pass = batches_a_pass(loader, bench.max_batches)
+    with session.keep_partial(meter, window):
+        passes = run_passes(meter, one_pass, WindowRule.of(bench), per_pass)
+    return {**session.loop_metrics(meter, window), **passes.metrics(), **accuracy}
 
 
 def train(cfg: DictConfig) -> dict[str, Any]:
@@ -89,8 +117,8 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         settings = settle_num_workers(session, training_workload(session, model, image_size))
         with session.open_loader("train", settings, train=True, image_size=image_size) as loader:
             if model is None:
-                session.record(measure_loader(session, loader, config.bench.epochs))
-                session.record(epochs=config.bench.epochs)
+                measured = measure_loader(session, loader)
+                session.record(measured, epochs=measured["passes"])
             else:
                 val = session.open_loader("val", settings, train=False, image_size=image_size)
                 with val as val_loader:
@@ -175,7 +203,7 @@ def evaluate_checkpoint(cfg: DictConfig) -> dict[str, Any]:
         settings = settle_num_workers(session, workload)
         with session.open_loader("val", settings, train=False, image_size=image_size) as loader:
             if trained is None:
-                session.record(measure_loader(session, loader, config.bench.epochs))
+                session.record(measure_loader(session, loader))
             else:
                 model = maybe_compile(trained.model, config.model)
                 session.record(evaluate_model(session, model, loader))

@@ -26,7 +26,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, OmegaConf
 
 from loaderbench.loaders import LoaderSettings, loader_names, settings_class
-from loaderbench.loaders.settings import Check
+from loaderbench.loaders.settings import AUTO, Check, is_worker_count
 from loaderbench.optim import OPTIMIZERS, SCHEDULES
 from loaderbench.runtime import DEVICE_TYPES, PRECISIONS
 from loaderbench.splits import INDEX_CHECKS
@@ -217,8 +217,16 @@ class BenchConfig:
     warmup_batches: int = 3
     # Stop an epoch after this many batches (null: the whole epoch).
     max_batches: int | None = None
-    # Passes over the data in a model=none run.
-    epochs: int = 1
+    # Passes over the data in a model=none run, and in eval.py's throughput with a model
+    # (its accuracy is the first pass's). auto: passes until the steady window holds
+    # min_window_batches and min_window_s, within max_measure_s (``run.autorange``); an
+    # integer: that many. Typed Any: OmegaConf 2.3 has no union of int and str.
+    epochs: Any = AUTO
+    min_window_batches: int = 10
+    min_window_s: float = 1.0
+    # The bound on auto's passes (seconds from the first pass's start): a data set whose one
+    # pass is longer than this gets one pass.
+    max_measure_s: float = 20.0
     # Wait for the device after each batch's arrival and each step: a per-step breakdown of
     # data and compute time, at the cost of the overlap a real run has (see meters.py).
     sync_cuda: bool = False
@@ -226,12 +234,22 @@ class BenchConfig:
     # (posix_fadvise DONTNEED), to measure a cold first epoch.
     drop_page_cache: bool = False
     # A train or eval job with a model ends with a pass over loader=resident (the model's own
-    # rate: ceiling_images_per_s, ceiling_frac) of this many steady batches; 0: no pass.
+    # rate: ceiling_images_per_s, ceiling_frac) of at least this many steady batches and
+    # min_window_s (passes as auto's, within max_measure_s); 0: no pass.
     ceiling_batches: int = 10
 
     def checks(self) -> list[Check]:
-        warmup, most = self.warmup_batches, self.max_batches
+        warmup, most, epochs = self.warmup_batches, self.max_batches, self.epochs
+        passes = epochs == AUTO or (is_worker_count(epochs) and epochs >= 1)
         return [
+            (passes, f"bench.epochs must be an integer >= 1 or {AUTO!r}", epochs),
+            (
+                self.min_window_batches >= 1,
+                "bench.min_window_batches must be >= 1",
+                self.min_window_batches,
+            ),
+            (self.min_window_s >= 0, "bench.min_window_s must be >= 0", self.min_window_s),
+            (self.max_measure_s > 0, "bench.max_measure_s must be > 0", self.max_measure_s),
             (warmup >= 0, "bench.warmup_batches must be >= 0", warmup),
             (
                 self.ceiling_batches >= 0,

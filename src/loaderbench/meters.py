@@ -1,30 +1,34 @@
-"""Honest meters: data time apart from compute time, and the cost of the whole process tree.
+"""Honest meters: data time apart from compute time.
 
 ``LoopMeter`` times the loop's waits for batches apart from the rest of each step, in a window
 that opens only once the loader's head start (what it decoded ahead while the loop was not
 measuring) is consumed, or a deep queue would be credited with speed it does not have; on CUDA
 it drains the device only where the window opens and closes, so steps still overlap the next
-batch's work. ``ProcessTreeMonitor`` samples the CPU time and memory of the whole process tree
-(workers included). The whole rule and why: docs/metrics.md, "The head start is not counted".
+batch's work. The process tree's CPU and memory: ``loaderbench.process_tree``. The whole
+rule and why: docs/metrics.md, "The head start is not counted".
 """
 
 from __future__ import annotations
 
-import os
 import statistics
-import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-import psutil
 from torch.utils.data import DataLoader
 
 from loaderbench.ahead import Ahead, AheadClose, ahead_probe, first_short
 from loaderbench.gil_probe import GilProbe, gil_frac
-from loaderbench.metrics import CPU_S_PER_1K_IMAGES, DATA_WAIT_FRAC, IMAGES_PER_S
+from loaderbench.metrics import (
+    CPU_S_PER_1K_IMAGES,
+    DATA_WAIT_FRAC,
+    IMAGES_PER_S,
+    NULL_REASON,
+    SPREAD,
+)
 from loaderbench.run.stopping import raise_if_stop_requested
+from loaderbench.spread import window_spread
 
 Sync = Callable[[], None]
 
@@ -73,11 +77,24 @@ class LoopMeter:
     ahead: list[Ahead] = field(default_factory=list)
     ttfb_s: float | None = None
     warmup_left: int | None = None  # warm-up batches still to come (None: warmup_batches)
+    # Per batch: the loop (the meter's pass over the loader, from 0) it came in.
+    loop_of: list[int] = field(default_factory=list)
+    loops: int = 0
     # Per batch: the GIL probe's (held, probes) over it (``gil_frac``); None: no probe.
     gil: GilProbe | None = field(default_factory=GilProbe)
     gil_counts: list[tuple[int, int]] = field(default_factory=list)
     # Why the last loop without a steady window has none (``images_per_s`` is then null).
     no_window_reason: str | None = None
+    # Consecutive loops are one measurement (``run.autorange``'s passes): a later loop goes on
+    # where the last one ended, the time between them on the clock, and the window opens
+    # once, after the warm-up and the head start counted over the loops.
+    continuous: bool = False
+    # Batches still to pass before the window opens, carried into a continuing loop.
+    _opens_left: int | None = None
+    _loop_end: float | None = None  # the clock where the last loop ended
+
+    def _continues(self) -> bool:
+        return self.continuous and self._loop_end is not None
 
     def window_opens_at(self, loader: object) -> int:
         """The batch of the next loop over ``loader`` where its measured window opens (see
@@ -95,6 +112,12 @@ class LoopMeter:
         # working across epochs), settle their window where the queue first ran dry.
         queue, ready = head_start(loader)
         depth = queue if self.warmup_left is None or ready > 0 else 0
+        if self._continues():
+            # Nothing was made off the clock since the last loop: a window open at its end
+            # stays open; one still to open opens where it would have in one long loop.
+            window_open = bool(self.measured) and self.measured[-1]
+            opens = 0 if window_open else self._opens_left or 0
+            depth = 0 if window_open else queue
         if self.gil is not None:
             self.gil.start()
         try:
@@ -109,8 +132,11 @@ class LoopMeter:
         clock, sync, edge = self.clock, self.sync, self.window_sync
         probe, close = ahead_probe(loader), AheadClose(self, first + opens, depth > 0)
         epoch_start = clock()
+        # A continuing loop's first batch carries the time since the last loop ended (its
+        # set-up included): whatever the loader made meanwhile was made on the clock.
+        lead_in = self._loop_end if self._continues() else None
         iterator = iter(loader)
-        setup = clock() - epoch_start
+        setup = clock() - epoch_start if lead_in is None else 0.0
         count = 0
         tail_start: float | None = None
         while max_batches is None or count < max_batches:
@@ -126,22 +152,26 @@ class LoopMeter:
             arrived = clock()
             if self.ttfb_s is None:
                 self.ttfb_s = arrived - epoch_start
-            self.waits.append(arrived - start)
-            self.sizes.append(_batch_size(batch))
             count += 1
+            # The lead-in is the loader's set-up and the loop's bookkeeping: no compute.
+            began = lead_in if lead_in is not None and count == 1 else start
+            self.waits.append(arrived - began)
+            self.sizes.append(_batch_size(batch))
             yield batch
             if sync is not None:
                 sync()
             self.ahead.append(probe())
             if edge is not None and count == opens:
                 edge()  # the warm-up's queued work is not the steady state's
-            self.intervals.append(clock() - start)
+            self.intervals.append(clock() - began)
             self.measured.append(count > opens)
             self.setup_s.append(setup if count == 1 else 0.0)
+            self.loop_of.append(self.loops)
             self.gil_counts.append(self.gil.take() if self.gil is not None else (0, 0))
             close.after_batch(edge)
         left = self.warmup_batches if self.warmup_left is None else self.warmup_left
         self.warmup_left = max(0, left - count)
+        self._opens_left = max(0, opens - count)
         # The tail of an epoch (the device's queued steps, draining, worker shutdown) belongs
         # to the last batch.
         if self.intervals and count:
@@ -149,6 +179,8 @@ class LoopMeter:
             if edge is not None:
                 edge()
             self.intervals[-1] += clock() - tail_start
+        self._loop_end = clock()  # what follows (and the next loop's set-up) is a lead-in
+        self.loops += 1
         if depth > 0:
             self._open_where_the_queue_ran_dry(first + opens, depth)
         if count and not any(self.measured[first:]):
@@ -206,6 +238,12 @@ class LoopMeter:
         )
 
     @property
+    def batches_to_open(self) -> int:
+        """Batches a continuing loop still has to pass before the window opens (0: open,
+        or settled by the loop's waits); before any loop, the warm-up's."""
+        return self.warmup_batches if self._opens_left is None else self._opens_left
+
+    @property
     def images(self) -> int:
         return sum(self.sizes)
 
@@ -237,11 +275,17 @@ class LoopMeter:
             "batches": n - since,
             IMAGES_PER_S: steady_images / steady_time if steady and steady_time > 0 else None,
             "images_per_s_end_to_end": images / all_s if all_s > 0 else None,
-            "images_per_s_null_reason": None if steady or n == since else self.no_window_reason,
+            NULL_REASON: None if steady or n == since else self.no_window_reason,
             "ttfb_s": self.ttfb_s,
             DATA_WAIT_FRAC: waited / wait_time if wait_time > 0 else None,
             "loop_s": loop_s,
             "measured_batches": len(chosen),
+            "window_s": steady_time,
+            "spread": window_spread(
+                [self.sizes[i] for i in chosen],
+                [self.intervals[i] for i in chosen],
+                [self.loop_of[i] for i in chosen],
+            ),
             "gil_frac": gil_frac(held, probes),
         }
 
@@ -270,158 +314,6 @@ class IntervalRates:
         return {IMAGES_PER_S: images / elapsed, DATA_WAIT_FRAC: min(1.0, waited / elapsed)}
 
 
-def _is_excluded(proc: psutil.Process) -> bool:
-    try:
-        name = proc.name()
-        cmdline = " ".join(proc.cmdline()[:2])
-    except (psutil.Error, OSError):
-        return True
-    return "wandb" in name or "wandb" in cmdline
-
-
-def _child_pids(pid: int) -> list[int] | None:
-    """The children of process ``pid``, from Linux's ``/proc/<pid>/task/<tid>/children`` (a
-    small read per thread); None where the kernel does not keep those files."""
-    try:
-        tasks = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return None
-    pids: list[int] = []
-    for task in tasks:
-        try:
-            with open(f"/proc/{pid}/task/{task}/children") as f:
-                pids += map(int, f.read().split())
-        except FileNotFoundError:  # a thread that ended, or no such file on this kernel
-            if task == str(pid):
-                return None
-        except OSError:
-            continue
-    return pids
-
-
-def _resident_bytes(proc: psutil.Process) -> int:
-    """Proportional set size where the OS reports it: forked workers share the parent's pages
-    (and every process maps the same page cache for memmaps), and summing plain RSS would
-    count those pages once per process."""
-    try:
-        return int(proc.memory_full_info().pss)
-    except (AttributeError, psutil.AccessDenied):
-        return int(proc.memory_info().rss)
-
-
-class ProcessTreeMonitor:
-    """CPU seconds and peak RSS of this process and its descendants, sampled in a thread.
-
-    CPU time of a worker that exits between two samples is counted up to its last sample
-    (``interval_s`` bounds the loss); ``snapshot()`` samples at once, so call it at the edges of
-    the window you measure.
-    """
-
-    def __init__(self, interval_s: float = 0.25, memory_every: int = 4) -> None:
-        self.interval_s = interval_s
-        # Reading PSS (smaps) costs milliseconds for a process with large mappings: sample
-        # memory every few CPU samples, and never at the edges of a measured window.
-        self.memory_every = memory_every
-        self._samples = 0
-        self.root = psutil.Process(os.getpid())
-        self._procs: dict[int, psutil.Process] = {}  # descendants seen, reused (cheap to ask)
-        self._cpu: dict[int, float] = {}
-        self._excluded: set[int] = set()
-        self.peak_rss_bytes = 0
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def sample(self, memory: bool = True) -> float:
-        """Sample the tree now; returns its total CPU seconds so far."""
-        with self._lock:
-            rss = 0
-            for proc in [self.root, *self._descendants()]:
-                if proc.pid in self._excluded:
-                    continue
-                if proc is not self.root and _is_excluded(proc):
-                    self._excluded.add(proc.pid)
-                    continue
-                try:
-                    with proc.oneshot():
-                        times = proc.cpu_times()
-                        if memory:
-                            rss += _resident_bytes(proc)
-                except psutil.Error:
-                    continue
-                self._cpu[proc.pid] = times.user + times.system
-            if memory:
-                self.peak_rss_bytes = max(self.peak_rss_bytes, rss)
-            return sum(self._cpu.values())
-
-    def _descendants(self) -> list[psutil.Process]:
-        """The tree below this process. Read from each process's children files, which costs
-        a tenth of psutil's scan of every process on the machine (1 ms here): the monitor
-        samples at every measured window's edges, twice an epoch."""
-        pids, frontier = [], [self.root.pid]
-        while frontier:
-            found = _child_pids(frontier.pop())
-            if found is None:  # no children files: psutil's scan
-                try:
-                    return self.root.children(recursive=True)
-                except psutil.Error:
-                    return []
-            pids += found
-            frontier += found
-        known, self._procs = self._procs, {}
-        for pid in pids:
-            try:
-                self._procs[pid] = known[pid] if pid in known else psutil.Process(pid)
-            except psutil.Error:
-                continue
-        return list(self._procs.values())
-
-    def snapshot(self) -> float:
-        """CPU seconds of the tree now (cheap: no memory reading)."""
-        return self.sample(memory=False)
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval_s):
-            self._samples += 1
-            self.sample(memory=self._samples % self.memory_every == 0)
-
-    def start(self) -> ProcessTreeMonitor:
-        self.sample()
-        self._thread = threading.Thread(target=self._run, name="process-tree-monitor", daemon=True)
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
-        self.sample()
-
-    def __enter__(self) -> ProcessTreeMonitor:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-
-class CpuWindow:
-    """Sums the tree's CPU seconds over several windows (for example, the train epochs only)."""
-
-    def __init__(self, monitor: ProcessTreeMonitor) -> None:
-        self.monitor = monitor
-        self.cpu_s = 0.0
-        self._start: float | None = None
-
-    def __enter__(self) -> CpuWindow:
-        self._start = self.monitor.snapshot()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        assert self._start is not None
-        self.cpu_s += self.monitor.snapshot() - self._start
-        self._start = None
-
-
 def loop_metrics(meter: LoopMeter, cpu_s: float, since: int = 0) -> dict[str, Any]:
     """A loop's throughput, start-up, data wait and CPU cost, as metrics.json names them
     (from its batch ``since`` on: an epoch's)."""
@@ -431,9 +323,11 @@ def loop_metrics(meter: LoopMeter, cpu_s: float, since: int = 0) -> dict[str, An
         "images": images,
         IMAGES_PER_S: summary[IMAGES_PER_S],
         "images_per_s_end_to_end": summary["images_per_s_end_to_end"],
-        "images_per_s_null_reason": summary["images_per_s_null_reason"],
+        NULL_REASON: summary[NULL_REASON],
         # Batches images_per_s counts; 0: no steady window, images_per_s is null.
         "steady_batches": summary["measured_batches"],
+        "steady_window_s": summary["window_s"],
+        SPREAD: summary["spread"],
         "ttfb_s": summary["ttfb_s"],
         DATA_WAIT_FRAC: summary[DATA_WAIT_FRAC],
         "gil_frac": summary["gil_frac"],

@@ -23,6 +23,10 @@ TOP1 = "top1"
 SKIPPED_FILES = "skipped_files"
 PEAK_RSS_MB = "peak_rss_mb"
 CEILING_FRAC = "ceiling_frac"
+CEILING_IMAGES_PER_S = "ceiling_images_per_s"
+NULL_REASON = "images_per_s_null_reason"
+SPREAD = "images_per_s_spread"
+SLOWEST_RANK_WAIT = "slowest_rank_data_wait_frac"
 
 OverRanks = Literal["sum", "max", "mean", "derived", "same"]
 
@@ -123,6 +127,27 @@ METRICS: tuple[Metric, ...] = (
         gpu_check=True,
     ),
     Metric(
+        "steady_window_s",
+        "seconds of the steady window images_per_s counts (rank 0's)",
+        summary=True,
+        gpu_check=True,
+    ),
+    Metric(
+        "images_per_s_spread",
+        "half the range of the rates of the steady window's five parts, over images_per_s: "
+        "the rate's own noise (null: a window too short to cut; the ranks' largest)",
+        "max",
+        summary=True,
+        digits=2,
+    ),
+    Metric(
+        "passes",
+        "passes over the data the loop made to measure (bench.epochs; auto: until the "
+        "steady window is a measurement)",
+        summary=True,
+        digits=None,
+    ),
+    Metric(
         "ceiling_images_per_s",
         "loader=resident's images/s at the same model, image size, batch, precision and "
         "device: the model's own rate (the job's resident pass, or the sweep's resident job)",
@@ -172,7 +197,7 @@ METRICS: tuple[Metric, ...] = (
         gpu_check=True,
     ),
     Metric(
-        "slowest_rank_data_wait_frac",
+        SLOWEST_RANK_WAIT,
         "data-parallel runs: the data wait of the rank that waited longest (``slowest_rank``)",
         summary=True,
     ),
@@ -283,6 +308,7 @@ def gpu_check_columns() -> list[str]:
         "ceiling_frac",
         "ceiling_images_per_s",
         "steady_batches",
+        "steady_window_s",
         "images_per_s_end_to_end",
         "data_wait_frac",
         "cpu_s_per_1k_images",

@@ -14,7 +14,7 @@ from loaderbench.autotune.rung import ProbeRow, Window, measure_rung, over_ranks
 from loaderbench.autotune.workload import Workload
 from loaderbench.loaders import prepare_loader
 from loaderbench.loaders.settings import AutotuneSettings
-from loaderbench.meters import ProcessTreeMonitor
+from loaderbench.process_tree import ProcessTreeMonitor
 from loaderbench.run import distributed
 from loaderbench.runtime import set_intra_op_threads
 

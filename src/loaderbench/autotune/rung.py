@@ -20,8 +20,9 @@ from typing import Any
 
 from loaderbench.gil_probe import gil_frac
 from loaderbench.loaders import Batch, Loader, LoaderSpec, build_loader
-from loaderbench.meters import LoopMeter, ProcessTreeMonitor
+from loaderbench.meters import LoopMeter
 from loaderbench.metrics import CPU_S_PER_1K_IMAGES, DATA_WAIT_FRAC, IMAGES_PER_S
+from loaderbench.process_tree import ProcessTreeMonitor
 from loaderbench.run import distributed
 from loaderbench.runtime import synchronizer
 

@@ -47,7 +47,8 @@ def measure_loader(loader: Any, epochs: int, repeats: int) -> dict[str, Any]:
 
 
 def _measure_once(loader: Any, epochs: int) -> dict[str, Any]:
-    from loaderbench.meters import CpuWindow, LoopMeter, ProcessTreeMonitor
+    from loaderbench.meters import LoopMeter
+    from loaderbench.process_tree import CpuWindow, ProcessTreeMonitor
 
     meter = LoopMeter(warmup_batches=3)
     with ProcessTreeMonitor() as monitor:

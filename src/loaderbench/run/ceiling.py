@@ -6,7 +6,8 @@ batch, precision and device: the rate the model runs at when nothing waits for d
 runs on a deep copy of the trained model (train.py: with an optimizer and schedule of the
 run's kind, built for the copy), with the random streams restored after it, so the run's
 weights, optimizer state, accuracy and checkpoint are untouched. ``bench.ceiling_batches``
-sets its steady batches (0: no pass; ``ceiling_frac`` is then null and says why). A sweep that
+sets its least steady batches, ``bench.min_window_s`` its least seconds (passes as
+``run.autorange``'s; 0 batches: no pass, and ``ceiling_frac`` is null and says why). A sweep that
 holds ``loader=resident`` jobs takes the ceiling from them instead (``loaderbench.sweeps``).
 """
 
@@ -15,6 +16,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from torch import nn
@@ -22,10 +24,16 @@ from torch import nn
 from loaderbench.engine import TrainStep, evaluate, train_one_epoch
 from loaderbench.loaders import Loader, build_loader, settings_class
 from loaderbench.meters import LoopMeter
-from loaderbench.metrics import CEILING_FRAC, IMAGES_PER_S, ceiling_fraction
+from loaderbench.metrics import (
+    CEILING_FRAC,
+    CEILING_IMAGES_PER_S,
+    IMAGES_PER_S,
+    ceiling_fraction,
+)
 from loaderbench.models import maybe_compile
 from loaderbench.optim import build_optimizer, build_scheduler
 from loaderbench.run import distributed
+from loaderbench.run.autorange import WindowRule, run_passes
 from loaderbench.run.checkpoint import rng_state, set_rng_state
 from loaderbench.run.session import Session
 
@@ -36,7 +44,7 @@ NO_MODEL_REASON = "model=none: the loader alone has no model, so no ceiling"
 
 
 def no_ceiling(reason: str) -> dict[str, Any]:
-    return {"ceiling_images_per_s": None, CEILING_FRAC: None, "ceiling_frac_null_reason": reason}
+    return {CEILING_IMAGES_PER_S: None, CEILING_FRAC: None, "ceiling_frac_null_reason": reason}
 
 
 def with_ceiling(metrics: dict[str, Any], ceiling: float | None, source: str) -> dict[str, Any]:
@@ -49,7 +57,7 @@ def with_ceiling(metrics: dict[str, Any], ceiling: float | None, source: str) ->
     elif frac is None:
         reason = f"images_per_s is null: {metrics.get('images_per_s_null_reason')}"
     return {
-        "ceiling_images_per_s": ceiling,
+        CEILING_IMAGES_PER_S: ceiling,
         CEILING_FRAC: frac,
         "ceiling_frac_null_reason": reason,
         "ceiling_from": source,
@@ -68,18 +76,23 @@ def measured_rate(meter: LoopMeter) -> float | None:
     return summary[IMAGES_PER_S] if summary["measured_batches"] else None
 
 
-def _passes(loader: Loader, meter: LoopMeter, wanted: int, run_pass: Any) -> None:
-    """Loops over ``loader`` (past the meter's warm-up) until its window holds ``wanted``
-    batches, or a loop brings none (a split shorter than a batch)."""
-    epoch = 0
-    while (steady := meter.summary()["measured_batches"]) < wanted:
-        warmup = meter.warmup_batches if meter.warmup_left is None else meter.warmup_left
-        before = meter.batches
-        loader.set_epoch(epoch)
-        run_pass(loader, meter, warmup + wanted - steady)
-        if meter.batches == before:
-            return
-        epoch += 1
+RunBatches = Callable[[Loader, LoopMeter, int], None]
+
+
+def ceiling_passes(session: Session, loader: Loader, meter: LoopMeter, run: RunBatches) -> None:
+    """Passes over ``loader`` until the window holds ``bench.ceiling_batches`` batches and
+    ``bench.min_window_s`` (``run.autorange``, auto whatever ``bench.epochs`` says). Each pass
+    is twice the last, from the warm-up and ``ceiling_batches`` (at most an epoch), as timeit
+    grows its loops: few pass ends, where the device is drained, on a fast model."""
+    bench = session.config.bench
+    first = bench.warmup_batches + bench.ceiling_batches
+    rule = WindowRule.of(bench, min_batches=bench.ceiling_batches, explicit=False)
+
+    def one_pass(epoch: int, next_epoch: bool) -> None:
+        loader.set_epoch(epoch, next_epoch=next_epoch)
+        run(loader, meter, min(len(loader), first * 2**epoch))
+
+    run_passes(meter, one_pass, rule, min(len(loader), first))
 
 
 def training_ceiling(session: Session, model: nn.Module, image_size: int) -> float | None:
@@ -99,11 +112,11 @@ def training_ceiling(session: Session, model: nn.Module, image_size: int) -> flo
     )
     meter = session.meter()
 
-    def run_pass(loader: Loader, meter: LoopMeter, left: int) -> None:
-        train_one_epoch(step, loader, meter, max_batches=left, desc="ceiling")
+    def run_pass(loader: Loader, meter: LoopMeter, batches: int) -> None:
+        train_one_epoch(step, loader, meter, max_batches=batches, desc="ceiling")
 
     with resident_loader(session, "train", True, image_size) as loader:
-        _passes(loader, meter, config.bench.ceiling_batches, run_pass)
+        ceiling_passes(session, loader, meter, run_pass)
     return measured_rate(meter)
 
 
@@ -111,11 +124,11 @@ def evaluation_ceiling(session: Session, model: nn.Module, image_size: int) -> f
     """images/s of the run's evaluation forward pass on ``model`` fed by ``loader=resident``."""
     meter = session.meter()
 
-    def run_pass(loader: Loader, meter: LoopMeter, left: int) -> None:
-        evaluate(model, loader, session.precision, session.device, meter, max_batches=left)
+    def run_pass(loader: Loader, meter: LoopMeter, batches: int) -> None:
+        evaluate(model, loader, session.precision, session.device, meter, max_batches=batches)
 
     with resident_loader(session, "val", False, image_size) as loader:
-        _passes(loader, meter, session.config.bench.ceiling_batches, run_pass)
+        ceiling_passes(session, loader, meter, run_pass)
     return measured_rate(meter)
 
 

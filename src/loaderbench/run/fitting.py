@@ -22,10 +22,11 @@ from loaderbench.engine import (
     train_one_epoch,
 )
 from loaderbench.loaders import Loader
-from loaderbench.meters import Average, CpuWindow, IntervalRates, LoopMeter
+from loaderbench.meters import Average, IntervalRates, LoopMeter
 from loaderbench.metrics import TOP1, epoch_curves, rates_text, with_epoch_ranks
 from loaderbench.models import maybe_compile
 from loaderbench.optim import build_optimizer, build_scheduler, load_optimizer_state
+from loaderbench.process_tree import CpuWindow
 from loaderbench.run import distributed
 from loaderbench.run.checkpoint import (
     CHECKPOINT_FILE,

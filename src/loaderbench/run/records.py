@@ -15,8 +15,8 @@ from loaderbench.config import RunConfig
 from loaderbench.data import DatasetIndex
 from loaderbench.loaders import LoaderSettings
 from loaderbench.locking import atomic_write_text
-from loaderbench.meters import ProcessTreeMonitor
 from loaderbench.metrics import PEAK_RSS_MB, SKIPPED_FILES
+from loaderbench.process_tree import ProcessTreeMonitor
 from loaderbench.run import distributed
 from loaderbench.runtime import cpus_allowed
 

@@ -35,13 +35,7 @@ from loaderbench.decoded_by import fallback_warning
 from loaderbench.images import set_max_pixels
 from loaderbench.loaders import Loader, LoaderSettings, LoaderSpec, build_loader
 from loaderbench.loaders.settings import AUTO
-from loaderbench.meters import (
-    CpuWindow,
-    IntervalRates,
-    LoopMeter,
-    ProcessTreeMonitor,
-    loop_metrics,
-)
+from loaderbench.meters import IntervalRates, LoopMeter, loop_metrics
 from loaderbench.metrics import (
     DECODED_BY,
     PEAK_RSS_MB,
@@ -51,6 +45,7 @@ from loaderbench.metrics import (
     straggler_note,
 )
 from loaderbench.pagecache import evict, files_under
+from loaderbench.process_tree import CpuWindow, ProcessTreeMonitor
 from loaderbench.run import distributed
 from loaderbench.run.distributed import DistInfo
 from loaderbench.run.elastic import Continued, fit_to_checkpoint
