@@ -135,7 +135,7 @@ def test_resident_runs_through_train_and_eval(small_root: Path, tmp_path: Path) 
         cwd=tmp_path / "eval",
     )
     _, evaluated = single_run(tmp_path / "eval", "eval")
-    assert evaluated["status"] == "ok" and evaluated["images"] == 40
+    assert evaluated["status"] == "ok" and evaluated["images"] == 40 * evaluated["passes"]
     assert evaluated["ceiling_frac"] == 1.0
     run_entry(
         "eval.py",

@@ -163,7 +163,7 @@ def test_eval_reports_decoded_by_and_warns_of_the_fallback(
     )
     run_dir, metrics = single_run(tmp_path, "eval")
     counts = metrics["loader_val_decoded_by"]
-    assert sum(counts.values()) == metrics["images"] == PLAIN + len(ODD)
+    assert sum(counts.values()) == metrics["images"] == metrics["passes"] * (PLAIN + len(ODD))
     assert counts["pil"] == len(ODD)
     log = proc.stderr + proc.stdout
     assert "fell back to pil 2 (25.0%)" in log, log[-3000:]

@@ -118,7 +118,7 @@ def test_eval_reproduces_train_top1(
     assert CONTRACT_KEYS | {"top1", "top5"} <= metrics.keys()
     assert metrics["model"] == "test_resnet" and metrics["image_size"] == 64
     assert abs(metrics["top1"] - train_metrics["top1"]) <= 0.005
-    assert metrics["images"] == 40
+    assert metrics["images"] == 40 * metrics["passes"]  # top-1 is the first pass's
 
 
 def test_every_loader_gives_the_same_top1_from_one_checkpoint(
@@ -171,7 +171,8 @@ def test_train_model_none_runs_the_train_pipeline(tiny_root: Path, tmp_path: Pat
         cwd=tmp_path,
     )
     _, metrics = single_run(tmp_path, "train")
-    assert metrics["images"] == 24 and "top1" not in metrics
+    assert metrics["images"] == 24 * metrics["passes"] and "top1" not in metrics
+    assert metrics["epochs"] == metrics["passes"] and metrics["images_per_s"] > 0
     assert not any(p.name == "checkpoint.pt" for p in (tmp_path / "outputs").rglob("*"))
 
 
@@ -291,4 +292,5 @@ def test_wandb_refusing_server_goes_offline(tiny_root: Path, tmp_path: Path) -> 
     # 30 s of the run's start, where W&B's own init_timeout (90 s) would have waited longer.
     assert wandb_started_after_s(run_dir) < 30
     assert metrics["status"] == "ok"
-    assert json.loads((run_dir / "metrics.json").read_text())["images"] == 12
+    written = json.loads((run_dir / "metrics.json").read_text())
+    assert written["images"] == 12 * written["passes"]

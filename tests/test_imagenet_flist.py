@@ -150,7 +150,7 @@ def test_eval_py_runs_on_imagenet_file_lists(
     )
     _, metrics = single_run(tmp_path, "eval")
     assert metrics["status"] == "ok" and metrics["loader"] == loader_name
-    assert metrics["images"] == 12 and metrics["num_classes"] == 3
+    assert metrics["images"] == 12 * metrics["passes"] and metrics["num_classes"] == 3
     assert metrics["skipped_files"] == 0
 
 

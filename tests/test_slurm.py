@@ -56,7 +56,8 @@ def test_a_slurm_multirun_runs_every_job_and_summarises(
     )
     sweep, rows = sweep_rows(tmp_path, "eval")
     assert {r["loader"] for r in rows} == {"torchvision", "spdl"}
-    assert all(r["status"] == "ok" and int(r["images"]) == 12 for r in rows), rows
+    assert all(r["status"] == "ok" and int(r["images"]) == 12 * int(r["passes"]) for r in rows)
+    assert all(float(r["images_per_s"]) > 0 for r in rows), rows
     # A SLURM job without -c: the node's CPUs for its one task, less the loader's workers.
     for metrics in job_metrics(sweep):
         assert metrics["intra_op_threads_source"].startswith("SLURM_CPUS_ON_NODE")

@@ -113,7 +113,12 @@ def run_passes(
         if rule.passes is not None:
             finished = done >= rule.passes
         else:
-            over = clock() - start >= rule.max_s
+            # Past the bound, or where the next pass would end past it and a window is there:
+            # the measurement grows by at most one pass past ``max_s`` without a window.
+            elapsed = clock() - start
+            over = elapsed >= rule.max_s or (
+                steady > 0 and elapsed * (done + 1) / done > rule.max_s
+            )
             finished = meter.batches == before or over or rule.holds(steady, seconds)
         if agree(finished):
             break
