@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -33,7 +34,7 @@ def default_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The default data set at its default size (``dataset=synthetic``: 10 classes, 1,000
     train and 300 val JPEGs of ImageNet's sizes), generated once for the session."""
     assert SyntheticSpec() == SyntheticSpec(
-        **OmegaConf.to_object(compose_cfg("eval", []).dataset.synthetic)
+        **OmegaConf.to_container(compose_cfg("eval", []).dataset.synthetic)
     )
     return ensure_synthetic(SyntheticSpec(), shared_data_dir(tmp_path_factory))
 
@@ -168,9 +169,9 @@ def test_a_worker_sweep_over_a_300_image_folder_rates_every_loader(
 
 
 def wandb_table(sweep: Path, run, name: str) -> dict:
-    (table_file,) = [
-        f for f in run.files if Path(f).name.startswith(f"{name}_") and f.endswith(".table.json")
-    ]
+    """The W&B table ``name`` that ``run`` logged (its file: ``<name>_<step>_<hash>``)."""
+    pattern = re.compile(rf"{re.escape(name)}_\d+_[0-9a-f]+\.table\.json")
+    (table_file,) = [f for f in run.files if pattern.fullmatch(Path(f).name)]
     (path,) = list(sweep.rglob(Path(table_file).name))
     return json.loads(path.read_text())
 
