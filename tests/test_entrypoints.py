@@ -151,12 +151,12 @@ def test_eval_model_none_measures_the_loader(small_root: Path, tmp_path: Path) -
         f"dataset.root={small_root}",
         "logger=none",
         "loader.num_workers=1",
-        "loader.batch_size=8",  # 5 batches a pass: the second pass is past the warm-up
-        "bench.epochs=2",
+        "loader.batch_size=8",
+        "bench.epochs=2",  # an explicit count: exactly 2 passes of 5 batches, one measurement
         cwd=tmp_path,
     )
     _, metrics = single_run(tmp_path, "eval")
-    assert metrics["images"] == 80 and metrics["images_per_s"] > 0
+    assert metrics["passes"] == 2 and metrics["images"] == 80 and metrics["images_per_s"] > 0
     assert "top1" not in metrics and metrics["model"] == "none"
 
 

@@ -136,3 +136,19 @@ def test_the_fewest_workers_within_the_spread_of_the_best_are_named() -> None:
     assert chosen == {"loader=spdl": 4, "loader=torchvision": 1}
     assert within_spread(rows[2], rows[3]) and not within_spread(rows[1], rows[3])
     assert [r.get("workers_choice") for r in rows[:4]] == [None, None, "use", None]
+
+
+def test_a_job_stopped_by_a_signal_did_not_finish_and_did_not_fail(tmp_path: Path) -> None:
+    sweep = sweep_folder(
+        tmp_path / "sweep",
+        "loader=torchvision,spdl",
+        [
+            ("loader=torchvision", job("torchvision", 900.0)),
+            ("loader=spdl", {**job("spdl", None), "status": "preempted"}),
+        ],
+    )
+    ranking = write_summary(sweep).ranking
+    assert not ranking.failed and [r["job"] for r in ranking.stopped] == ["1"]
+    md = (sweep / "summary.md").read_text()
+    assert "1 did not finish (interrupted or preempted)" in md and "failed" not in md
+    assert "| 1 | spdl | preempted |" in md[md.index("## Jobs that did not finish") :]

@@ -67,11 +67,11 @@ def measure_loader(session: Session, loader: Loader) -> dict[str, Any]:
 
     def one_pass(epoch: int, next_epoch: bool) -> None:
         loader.set_epoch(epoch, next_epoch=next_epoch)
-        with window:
-            consume(loader, meter, max_batches=bench.max_batches, desc=f"{name} pass {epoch}")
+        consume(loader, meter, max_batches=bench.max_batches, desc=f"{name} pass {epoch}")
 
     per_pass = batches_a_pass(loader, bench.max_batches)
-    with session.keep_partial(meter, window):
+    # One CPU window over every pass: the work between passes (a loader reading ahead) counts.
+    with session.keep_partial(meter, window), window:
         passes = run_passes(meter, one_pass, WindowRule.of(bench), per_pass)
     return {**session.loop_metrics(meter, window), **passes.metrics()}
 
@@ -85,25 +85,22 @@ def evaluate_model(session: Session, model: nn.Module, loader: Loader) -> dict[s
 
     def one_pass(epoch: int, next_epoch: bool) -> None:
         loader.set_epoch(epoch, next_epoch=next_epoch)
-        with window:
-            if epoch == 0:
-                counts = evaluation_pass(
-                    session, model, loader, meter, max_batches=bench.max_batches
-                )
-                accuracy.update(counts.metrics())
-            else:  # throughput only: the accuracy is the first pass's
-                evaluate(
-                    model,
-                    loader,
-                    session.precision,
-                    session.device,
-                    meter,
-                    max_batches=bench.max_batches,
-                    desc=f"val pass {epoch}",
-                )
+        if epoch == 0:
+            counts = evaluation_pass(session, model, loader, meter, max_batches=bench.max_batches)
+            accuracy.update(counts.metrics())
+        else:  # throughput only: the accuracy is the first pass's
+            evaluate(
+                model,
+                loader,
+                session.precision,
+                session.device,
+                meter,
+                max_batches=bench.max_batches,
+                desc=f"val pass {epoch}",
+            )
 
     per_pass = batches_a_pass(loader, bench.max_batches)
-    with session.keep_partial(meter, window):
+    with session.keep_partial(meter, window), window:
         passes = run_passes(meter, one_pass, WindowRule.of(bench), per_pass)
     return {**session.loop_metrics(meter, window), **passes.metrics(), **accuracy}
 

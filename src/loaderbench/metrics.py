@@ -126,27 +126,15 @@ METRICS: tuple[Metric, ...] = (
         summary=True,
         gpu_check=True,
     ),
-    Metric(
-        "steady_window_s",
-        "seconds of the steady window images_per_s counts (rank 0's)",
-        summary=True,
-        gpu_check=True,
-    ),
+    Metric("steady_window_s", "seconds of that window (rank 0's)", summary=True, gpu_check=True),
     Metric(
         "images_per_s_spread",
-        "half the range of the rates of the steady window's five parts, over images_per_s: "
-        "the rate's own noise (null: a window too short to cut; the ranks' largest)",
+        "the window's rate's own noise (docs/metrics.md)",
         "max",
         summary=True,
         digits=2,
     ),
-    Metric(
-        "passes",
-        "passes over the data the loop made to measure (bench.epochs; auto: until the "
-        "steady window is a measurement)",
-        summary=True,
-        digits=None,
-    ),
+    Metric("passes", "passes over the data that measured the loop (bench.epochs)", summary=True),
     Metric(
         "ceiling_images_per_s",
         "loader=resident's images/s at the same model, image size, batch, precision and "

@@ -94,7 +94,8 @@ def _images(overrides: list[str]) -> int:
         batch = int(_override(overrides, "loader.batch_size") or BATCH)
         batches = TRAIN_IMAGES // batch
         cap = _override(overrides, "bench.max_batches")
-        epochs = int(_override(overrides, "bench.epochs") or 1)
+        given = _override(overrides, "bench.epochs")
+        epochs = int(given) if given not in (None, "", "auto") else 1  # auto: a pass at least
         return epochs * batch * (min(batches, int(cap)) if cap else batches)
     epochs = int(_override(overrides, "epochs") or 1)
     return epochs * (TRAIN_IMAGES // BATCH * BATCH + VAL_IMAGES)

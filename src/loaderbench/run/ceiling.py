@@ -92,6 +92,7 @@ def ceiling_passes(session: Session, loader: Loader, meter: LoopMeter, run: RunB
         loader.set_epoch(epoch, next_epoch=next_epoch)
         run(loader, meter, min(len(loader), first * 2**epoch))
 
+    # The hint and the reason take the first pass's length (passes double after it).
     run_passes(meter, one_pass, rule, min(len(loader), first))
 
 
@@ -156,7 +157,7 @@ def job_ceiling(
         rate = None if total != total else total
     result = with_ceiling(metrics, rate, "this job's resident pass")
     log.info(
-        "ceiling (loader=resident, %d steady batches): %s images/s; ceiling_frac %s",
+        "ceiling (loader=resident, at least %d steady batches): %s images/s; ceiling_frac %s",
         wanted,
         f"{rate:.1f}" if rate else None,
         f"{result[CEILING_FRAC]:.3f}" if result[CEILING_FRAC] is not None else None,

@@ -47,6 +47,7 @@ def foot_notes(ranking: Ranking) -> list[tuple[str, str]]:
     for row, what, key, colour in [
         *((r, "no rate", NULL_REASON, "darkorange") for r in ranking.unrated),
         *((r, "failed", "error", "red") for r in ranking.failed),
+        *((r, "did not finish", "error", "grey") for r in ranking.stopped),
     ]:
         name = job_name([f"{k}={row.get(k)}" for k in ranking.keys], ranking.keys)
         text = f"job {row.get('job')} ({name or '-'}) {what}: {row.get(key) or row.get('status')}"

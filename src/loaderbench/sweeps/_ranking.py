@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 from loaderbench.metrics import IMAGES_PER_S, SPREAD
 
+RESIDENT = "resident"  # loader=resident: the model's ceiling, not a loader to choose
 WORKERS_KEY = "loader.num_workers"
 LOADER_KEYS = ("loader", "loader.name")
 
@@ -45,24 +46,27 @@ class WorkersChoice:
 @dataclass
 class Ranking:
     """The sweep's rows, told apart: ``ranked`` (a rate, best first), ``unrated`` (no steady
-    window, with its reason) and ``failed`` (with its error)."""
+    window, with its reason), ``failed`` (with its error) and ``stopped`` (interrupted or
+    preempted before it ended: not a failure, and not measured whole)."""
 
     keys: list[str]
     ranked: list[dict] = field(default_factory=list)
     unrated: list[dict] = field(default_factory=list)
     failed: list[dict] = field(default_factory=list)
+    stopped: list[dict] = field(default_factory=list)  # interrupted or preempted: unfinished
     workers: list[WorkersChoice] = field(default_factory=list)
 
     @property
     def rows(self) -> list[dict]:
-        """Every row: the ranked, then those without a rate, then the failed."""
-        return [*self.ranked, *self.unrated, *self.failed]
+        """Every row: the ranked, then those without a rate, the failed, the unfinished."""
+        return [*self.ranked, *self.unrated, *self.failed, *self.stopped]
 
     def loader_leads(self) -> list[tuple[dict, dict, float]]:
         """Each loader's best job against the next loader's best: (row, next row, ratio)."""
         best: dict[str, dict] = {}
         for row in self.ranked:
-            best.setdefault(str(row.get("loader")), row)
+            if row.get("loader") != RESIDENT:  # the ceiling, not a loader to choose
+                best.setdefault(str(row.get("loader")), row)
         firsts = list(best.values())
         return [(a, b, rate(a) / rate(b)) for a, b in itertools.pairwise(firsts) if rate(b)]
 
@@ -72,8 +76,10 @@ def rank_rows(keys: list[str], rows: Sequence[dict]) -> Ranking:
     apart from those without a rate and the failed; the worker count to use where swept."""
     ranking = Ranking(keys)
     for row in rows:
-        if row.get("status") != "ok":
+        if row.get("status") == "failed":
             ranking.failed.append(row)
+        elif row.get("status") != "ok":
+            ranking.stopped.append(row)
         elif rate(row) is None:
             ranking.unrated.append(row)
         else:
@@ -112,7 +118,7 @@ def choose_workers(keys: list[str], ranked: Sequence[dict]) -> list[WorkersChoic
     """For each value of the other swept keys: the fewest workers within the best's spread."""
     groups: dict[str, list[dict]] = {}
     for row in ranked:
-        if _workers(row) is not None:
+        if _workers(row) is not None and row.get("loader") != RESIDENT:
             groups.setdefault(group_name(row, keys), []).append(row)
     choices = []
     for group, members in groups.items():

@@ -77,6 +77,11 @@ class SweepSummaryCallback(Callback):
                 len(ranking.rows),
                 jobs,
             )
+        if ranking.stopped:
+            jobs = ", ".join(f"{r['job']} ({r.get('status')})" for r in ranking.stopped)
+            log.warning(
+                "%d of %d jobs did not finish: %s", len(ranking.stopped), len(ranking.rows), jobs
+            )
         if ranking.failed:
             jobs = ", ".join(str(r["job"]) for r in ranking.failed)
             log.error("%d of %d jobs failed: %s", len(ranking.failed), len(ranking.rows), jobs)

@@ -94,6 +94,8 @@ def summary_markdown(title: str, ranking: Ranking) -> str:
         counts.append(f"{len(ranking.unrated)} without a rate (listed below, with why)")
     if ranking.failed:
         counts.append(f"{len(ranking.failed)} failed")
+    if ranking.stopped:
+        counts.append(f"{len(ranking.stopped)} did not finish (interrupted or preempted)")
     text = f"# Sweep {title}\n\n{len(ranking.rows)} jobs over {keys}: {'; '.join(counts)}.\n\n"
     text += "".join(f"{line}\n" for line in lead_lines(ranking))
     text += "\n" + table(lead_columns(ranking), ranking.ranked)
@@ -105,6 +107,11 @@ def summary_markdown(title: str, ranking: Ranking) -> str:
     if ranking.failed:
         text += "\n## Failed jobs\n\n"
         text += table(_apart_columns(ranking, "error", "error"), ranking.failed)
+    if ranking.stopped:
+        text += "\n## Jobs that did not finish\n\nStopped by a signal (their status): run again to "
+        text += "continue them.\n\n" + table(
+            _apart_columns(ranking, "error", "error"), ranking.stopped
+        )
     text += "\nEvery column of every job: summary.csv. The spread: docs/metrics.md.\n"
     return text
 

@@ -47,6 +47,7 @@ def log_summary_run(config: DictConfig, sweep_dir: Path, summary: SweepSummary) 
         "summary_table_full": wandb_table(summary.columns, ranking.rows),
         **({"unrated_table": wandb_table(apart, ranking.unrated)} if ranking.unrated else {}),
         **({"failed_table": wandb_table(apart, ranking.failed)} if ranking.failed else {}),
+        **({"stopped_table": wandb_table(apart, ranking.stopped)} if ranking.stopped else {}),
     }
     for choice in ranking.workers:
         columns = [
@@ -73,6 +74,7 @@ def summary_values(ranking) -> dict[str, object]:
         "jobs_with_a_rate": len(ranking.ranked),
         "jobs_without_a_rate": len(ranking.unrated),
         "jobs_failed": len(ranking.failed),
+        "jobs_unfinished": len(ranking.stopped),
     }
     if ranking.ranked:
         best = ranking.ranked[0]
