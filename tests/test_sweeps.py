@@ -78,7 +78,7 @@ def test_the_contracts_eval_sweep_rates_and_ranks_every_job_on_the_default_data(
     assert [r["rank"] for r in rows] == [str(n) for n in range(1, 7)]
     for row in rows:
         assert int(row["passes"]) >= 1 and int(row["steady_batches"]) >= 10
-        assert float(row["steady_window_s"]) >= 1.0  # bench.min_window_s, within 20 s
+        assert float(row["steady_window_s"]) >= 0.5  # bench.min_window_s, within 20 s
         assert int(row["images"]) == 300 * int(row["passes"])
     md = (sweep / "summary.md").read_text()
     assert "6 jobs over loader, loader.batch_size: 6 with a rate, best first" in md

@@ -223,7 +223,7 @@ class BenchConfig:
     # integer: that many. Typed Any: OmegaConf 2.3 has no union of int and str.
     epochs: Any = AUTO
     min_window_batches: int = 10
-    min_window_s: float = 1.0
+    min_window_s: float = 0.5
     # The bound on auto's passes (seconds from the first pass's start): a data set whose one
     # pass is longer than this gets one pass.
     max_measure_s: float = 20.0
