@@ -4,10 +4,12 @@ A loop's rate counts only its steady window (``LoopMeter``: past the warm-up and
 head start). On a small data set, or with large batches, one pass may end before the window
 opens. A measurement that is the point of its run (``model=none``, eval.py's throughput, the
 ceiling pass) therefore repeats its passes, as one continuous loop (``LoopMeter.continuous``),
-until the window holds ``min_batches`` batches and ``min_s`` seconds, within ``max_s`` from the
-first pass's start (``bench.epochs=auto``). An explicit count (``bench.epochs=N``) runs that
-many passes; where they leave no window the reason says what to set. The ranks of a
-data-parallel run agree on every decision, so they all run the same passes.
+until the window holds ``min_batches`` batches and ``min_s`` seconds, or ``max_s`` from the
+first pass's start is reached (``bench.epochs=auto``): no pass is begun that would end past it
+once there is a window; without one the passes go on to ``max_s``, so at most one pass more. An
+explicit count (``bench.epochs=N``) runs that many passes; where they leave no window the reason
+says what to set. The ranks of a data-parallel run agree on when to stop, so they all run the
+same passes (each tells its own loader whether another follows: a read-ahead hint only).
 """
 
 from __future__ import annotations
@@ -104,10 +106,11 @@ def run_passes(
     meter.continuous = True
     start, done = clock(), 0
     while True:
-        before = meter.batches
-        another = rule.another_after(done, meter, per_pass, clock() - start)
+        before, pass_start = meter.batches, clock()
+        another = rule.another_after(done, meter, per_pass, pass_start - start)
         run_pass(first_epoch + done, another)
         done += 1
+        last_pass_s = clock() - pass_start  # the first pass's start-up does not predict
         window = meter.summary()
         steady, seconds = window["measured_batches"], window["window_s"]
         if rule.passes is not None:
@@ -116,9 +119,7 @@ def run_passes(
             # Past the bound, or where the next pass would end past it and a window is there:
             # the measurement grows by at most one pass past ``max_s`` without a window.
             elapsed = clock() - start
-            over = elapsed >= rule.max_s or (
-                steady > 0 and elapsed * (done + 1) / done > rule.max_s
-            )
+            over = elapsed >= rule.max_s or (steady > 0 and elapsed + last_pass_s > rule.max_s)
             finished = meter.batches == before or over or rule.holds(steady, seconds)
         if agree(finished):
             break
@@ -134,7 +135,7 @@ def _explain(meter: LoopMeter, rule: WindowRule, passes: Passes, per_pass: int) 
         return
     if passes.steady_batches == 0:
         opens = meter.batches + meter.batches_to_open
-        if meter.batches_to_open == 0:  # past the head start, the loop's waits decided
+        if meter.batches_to_open == 0 and meter.no_window_reason:  # the loop's waits decided
             meter.no_window_reason = f"{meter.no_window_reason} ({passes.passes} passes)"
         elif rule.passes is not None:
             enough = math.ceil((opens + rule.min_batches) / max(1, per_pass))
