@@ -35,7 +35,7 @@ eval: install ## eval.py ARGS='model=from_checkpoint ...'
 	$(PY) eval.py $(ARGS)
 
 data: install ## the generated data set (data/)
-	$(PY) -m loaderbench.synthetic
+	$(PY) -m loaderbench.data.synthetic
 
 # Two pytest workers (pytest-xdist): most tests wait on subprocesses, so two keep both of a
 # 2-core machine busy; tests sharing a module or session fixture (the quick bench, the local
@@ -100,7 +100,7 @@ peers: install ## NVIDIA DALI and FFCV, the benchmark's peers (best effort, not 
 	./scripts/ensure_ffcv.sh $(PY) "$(FFCV)" || echo "make peers: could not install $(FFCV); no FFCV rows"
 
 bench: peers ## measure the benchmark and render bench/report.{json,md,png}
-	$(PY) -m loaderbench.bench $(BENCH_ARGS)
+	$(PY) -m tools.bench $(BENCH_ARGS)
 
 # make test skips the peers' rows where DALI and FFCV are not installed (a clean clone: a 200 MB
 # wheel, and OpenCV's headers from apt to build FFCV, on every CI run); this installs them and
@@ -111,15 +111,15 @@ test-peers: peers ## the benchmark's tests with DALI and FFCV installed (their r
 # A sampling profile (py-spy) of a model=none run's loader threads: profile/profile.{txt,md};
 # ARGS='--gil ...': GIL-held ms per 1,000 images by thread instead (profile/gil.{md,json}).
 profile: install ## a loader's hot path (ARGS='loader=memmap ...'), or its GIL per image (ARGS='--gil ...')
-	$(PY) -m loaderbench.bench.profile $(ARGS)
+	$(PY) -m tools.bench.profile $(ARGS)
 
 report: install ## draw bench/report.md and report.png from bench/report.json, measuring nothing
-	$(PY) -m loaderbench.bench.render $(ARGS)
+	$(PY) -m tools.bench.render $(ARGS)
 
 # Start-up and memory on a generated 1000-class tree of 260,000 small JPEGs (generated once into
 # data/), projected to ImageNet: bench/scale.md, bench/scale.json. Not part of `make test`.
 bench-scale: install ## start-up and memory at ImageNet scale (bench/scale.md)
-	$(PY) -W ignore::UserWarning -m loaderbench.bench.scale $(BENCH_ARGS)
+	$(PY) -W ignore::UserWarning -m tools.bench.scale $(BENCH_ARGS)
 
 # The wheels a GPU machine without network lacks (cp312 manylinux, nvImageCodec and its nvJPEG
 # among them; < 56 MiB, and < 64 MiB with the working tree, what can travel) in .gpu-kit/, for

@@ -39,9 +39,9 @@ def share_the_cores(env: dict[str, str] | os._Environ = os.environ) -> None:
 
 share_the_cores()
 
-from loaderbench.images import DEFAULT_MAX_PIXELS, set_max_pixels
+from loaderbench.data.synthetic import SyntheticSpec, ensure_synthetic
+from loaderbench.imaging.files import DEFAULT_MAX_PIXELS, set_max_pixels
 from loaderbench.loaders import file_loader_names, loader_names, settings_class
-from loaderbench.synthetic import SyntheticSpec, ensure_synthetic
 from tests import fd_audit
 
 # The descriptor audit is opt-in (`make test-audit` names its folder and preloads its shim): a
@@ -375,8 +375,8 @@ def folder_index(root: Path):
     """Discover an ImageFolder tree the way every run does."""
     from omegaconf import OmegaConf
 
-    from loaderbench.config import DatasetConfig
-    from loaderbench.data import discover
+    from loaderbench.config.schema import DatasetConfig
+    from loaderbench.data.discovery import discover
 
     cfg = OmegaConf.structured(DatasetConfig(index_dir=None))
     cfg.name, cfg.root = "folder", str(root)

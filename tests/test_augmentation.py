@@ -1,5 +1,5 @@
 """One way to seed augmentation: every loader draws an image's crop and flip from (seed, epoch,
-image) alone (crop stream 2, ``loaderbench.crops``), and never touches the global RNG. Every
+image) alone (crop stream 2, ``loaderbench.imaging.crops``), and never touches the global RNG. Every
 loader's crops against the reference's are the loader contract's
 (tests/test_loader_contract.py); here how near every loader's crops come to one another, and
 the three kernels known here (PIL's filter, the shared uint8 kernel from stored pixels and from
@@ -15,7 +15,7 @@ import pytest
 import torch
 from PIL import Image
 
-from loaderbench.crops import (
+from loaderbench.imaging.crops import (
     CROP_STREAM,
     RRC_RATIO,
     RRC_SCALE,

@@ -10,10 +10,10 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from loaderbench.meters import LoopMeter, loop_metrics
+from loaderbench.measure.meters import LoopMeter, loop_metrics
+from loaderbench.measure.spread import window_spread
 from loaderbench.run.autorange import WindowRule, run_passes
-from loaderbench.spread import window_spread
-from loaderbench.validation import ConfigError, validate_config
+from loaderbench.run.validation import ConfigError, validate_config
 from tests.helpers import compose_cfg
 
 BATCH_S = 0.1  # the loader's time a batch, on the fake clock

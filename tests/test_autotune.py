@@ -27,9 +27,9 @@ from loaderbench.autotune.policy import (
     worker_ladder,
 )
 from loaderbench.autotune.rung import pooled
-from loaderbench.loaders.settings import AutotuneSettings
-from loaderbench.process_tree import ProcessTreeMonitor
-from loaderbench.runtime import PRECISIONS, cpus_allowed
+from loaderbench.config.loader import AutotuneSettings
+from loaderbench.measure.process_tree import ProcessTreeMonitor
+from loaderbench.platform.runtime import PRECISIONS, cpus_allowed
 from tests.conftest import (
     cpu_spec,
     folder_index,
@@ -79,7 +79,7 @@ def test_every_count_of_cpus_is_the_allotment(monkeypatch: pytest.MonkeyPatch) -
     a system without affinity masks (not Linux) falls back to the machine's count."""
     import os
 
-    from loaderbench.bench.limits import usable_cores
+    from tools.bench.limits import usable_cores
 
     monkeypatch.setenv("SLURM_CPUS_PER_TASK", "1")
     assert usable_cores() == cpus_allowed() == 1

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
+from loaderbench.config.loader import AutotuneSettings
 from loaderbench.loaders import loader_names
-from loaderbench.loaders.settings import AutotuneSettings
-from loaderbench.validation import ConfigError, validate_config
+from loaderbench.run.validation import ConfigError, validate_config
 from tests.test_config import compose_cfg
 
 

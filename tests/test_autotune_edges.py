@@ -28,16 +28,16 @@ from loaderbench.autotune import (
     settle_num_workers,
     training_workload,
 )
-from loaderbench.data import discover
+from loaderbench.config.loader import AutotuneSettings
+from loaderbench.data.discovery import discover
 from loaderbench.loaders import build_loader
-from loaderbench.loaders.settings import AutotuneSettings
-from loaderbench.process_tree import ProcessTreeMonitor
-from loaderbench.run import distributed
-from loaderbench.run.distributed import DistInfo
+from loaderbench.measure.process_tree import ProcessTreeMonitor
+from loaderbench.platform import distributed
+from loaderbench.platform.distributed import DistInfo
+from loaderbench.platform.runtime import PRECISIONS
 from loaderbench.run.session import Session
-from loaderbench.runtime import PRECISIONS
-from loaderbench.tracking import NullLogger
-from loaderbench.validation import validate_config
+from loaderbench.run.tracking import NullLogger
+from loaderbench.run.validation import validate_config
 from tests.conftest import (
     cpu_spec,
     folder_index,
@@ -231,7 +231,7 @@ def test_a_cold_run_with_auto_evicts_after_the_probe(tiny_root: Path, tmp_path: 
     out of the page cache when the run ends (evicted before it, the probe read them all back
     in)."""
     from loaderbench.loaders.base import epoch_permutation
-    from loaderbench.pagecache import resident_fraction
+    from loaderbench.platform.pagecache import resident_fraction
 
     # A copy of its own: another test reading the shared set meanwhile would bring it back.
     root = shutil.copytree(tiny_root, tmp_path / "data")

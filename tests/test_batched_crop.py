@@ -11,9 +11,9 @@ from pathlib import Path
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from loaderbench.device_resize import resize_boxes
+from loaderbench.imaging.device_resize import resize_boxes
+from loaderbench.imaging.transforms import crop_resize_flip_batch, seeded_crops
 from loaderbench.loaders.memmap.store_raw import write_fit
-from loaderbench.transforms import crop_resize_flip_batch, seeded_crops
 from tests.conftest import folder_index
 from tests.test_memmap import SIZE, make_loader
 

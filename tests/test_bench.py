@@ -18,11 +18,11 @@ from typing import Any
 import pytest
 import torch
 
-from loaderbench.bench.dali import dali_version
-from loaderbench.bench.ffcv import ffcv_unavailable
-from loaderbench.bench.schema import CLASSIC, DALI_NAMES, FFCV_NAMES, LIMIT_NAMES, TUTORIAL
 from loaderbench.loaders import file_loader_names, settings_class
 from tests.conftest import REPO
+from tools.bench.dali import dali_version
+from tools.bench.ffcv import ffcv_unavailable
+from tools.bench.schema import CLASSIC, DALI_NAMES, FFCV_NAMES, LIMIT_NAMES, TUTORIAL
 
 # One worker runs the module: its quick bench (a module fixture) is built once, not per worker.
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("bench")]
@@ -80,7 +80,7 @@ def run_quick_bench(repo: Path, out: Path) -> None:
     args = ["--quick", "--out", str(out), "--workers", str(WORKERS), "--epochs", "2,1"]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(repo / "src"), str(repo)])}
     proc = subprocess.run(
-        [sys.executable, "-m", "loaderbench.bench", *args],
+        [sys.executable, "-m", "tools.bench", *args],
         cwd=repo,
         env=env,
         capture_output=True,
@@ -210,7 +210,7 @@ def test_the_crop_limits_ways_do_the_same_work(tmp_path: Path) -> None:
     pipeline's box, resize and flip (the limit compares ways of doing one job)."""
     from PIL import Image
 
-    from loaderbench.bench.crop_limit import crop_candidates, stored_crops
+    from tools.bench.crop_limit import crop_candidates, stored_crops
 
     generator = torch.Generator().manual_seed(0)
     paths = []
@@ -280,7 +280,7 @@ def test_auto_rows_are_their_runs_figures(bench: dict[str, Any]) -> None:
     """Each loader once more with loader.num_workers=auto: the count its probe chose (on the
     ladder of this machine's CPUs), that run's images/s and the probe's seconds."""
     from loaderbench.autotune import worker_ladder
-    from loaderbench.runtime import cpus_allowed
+    from loaderbench.platform.runtime import cpus_allowed
 
     auto = {(r["pipeline"], r["name"]): r for r in bench["json"]["auto"]}
     assert set(auto) == {(task, name) for task in TASKS for name in LOADERS}
@@ -305,7 +305,7 @@ def test_the_report_is_drawn_from_its_json(bench: dict[str, Any], tmp_path: Path
         [
             sys.executable,
             "-m",
-            "loaderbench.bench.render",
+            "tools.bench.render",
             "--json",
             str(bench["out"] / "report.json"),
             "--out",
@@ -345,7 +345,7 @@ def test_the_repository_check_sees_a_file_written_into_it(tmp_path: Path) -> Non
 
 def test_bench_scale_quick_measures_start_up_and_worker_memory(tmp_path: Path) -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "loaderbench.bench.scale", "--quick", "--out", str(tmp_path)],
+        [sys.executable, "-m", "tools.bench.scale", "--quick", "--out", str(tmp_path)],
         cwd=REPO,
         capture_output=True,
         text=True,

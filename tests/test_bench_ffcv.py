@@ -12,18 +12,18 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from loaderbench.bench import peer_rows, render
-from loaderbench.bench.ffcv import (
+from loaderbench.data.discovery import Split, scan_image_folder
+from tools.bench import peer_rows, render
+from tools.bench.ffcv import (
     ffcv_loader,
     ffcv_unavailable,
     ffcv_version,
     memmap_train_store,
     write_store,
 )
-from loaderbench.bench.limits import measure_decode_limit
-from loaderbench.bench.schema import FFCV_NAMES as FFCV_BY_STORE
-from loaderbench.bench.schema import Machine, Options, Report, Row
-from loaderbench.data import Split, scan_image_folder
+from tools.bench.limits import measure_decode_limit
+from tools.bench.schema import FFCV_NAMES as FFCV_BY_STORE
+from tools.bench.schema import Machine, Options, Report, Row
 
 # Skipped where FFCV does not import, as the report leaves its rows out there.
 HAS_FFCV = ffcv_unavailable() is None

@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from loaderbench.bench import render, render_cores
-from loaderbench.bench.schema import SCHEMA_VERSION, DecodeLimit, DecodeRate, Report, Row
 from tests.conftest import REPO
+from tools.bench import render, render_cores
+from tools.bench.schema import SCHEMA_VERSION, DecodeLimit, DecodeRate, Report, Row
 
 COMMITTED = REPO / "bench" / "report.json"
-RENDER = [sys.executable, "-m", "loaderbench.bench.render"]
+RENDER = [sys.executable, "-m", "tools.bench.render"]
 
 
 @pytest.mark.slow
@@ -139,7 +139,7 @@ def test_a_loader_is_held_to_what_it_declares_not_to_its_name() -> None:
 
 
 def render_colours(rows: list[Row]) -> dict[str, str]:
-    from loaderbench.bench.plot import colours
+    from tools.bench.plot import colours
 
     return colours(rows)
 
@@ -292,7 +292,7 @@ def test_a_report_json_from_before_the_gpu_options_still_loads(tmp_path: Path) -
 
 
 def test_the_measuring_cli_stores_the_gpu_options(tmp_path: Path) -> None:
-    from loaderbench.bench.measure import parse_options
+    from tools.bench.measure import parse_options
 
     opts, model_rate = parse_options(["--gpu-rate", "2600", "--gpus", "4", "--cores", "64"])
     assert (opts.gpu_rate, opts.node_gpus, opts.node_cores, model_rate) == (2600.0, 4, 64, None)

@@ -8,8 +8,8 @@ import pytest
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from loaderbench.buffers import BatchBuffers, BufferPool
-from loaderbench.transforms import crop_resize_flip_batch, resized_crop_images, seeded_crops
+from loaderbench.imaging.transforms import crop_resize_flip_batch, resized_crop_images, seeded_crops
+from loaderbench.platform.buffers import BatchBuffers, BufferPool
 
 
 def test_a_buffer_is_reused_once_nobody_holds_it() -> None:

@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from loaderbench.images import load_rgb
+from loaderbench.imaging.files import load_rgb
+from loaderbench.imaging.transforms import pil_val_transform
 from loaderbench.loaders.memmap.build import StorePolicy
 from loaderbench.loaders.memmap.cache import META_FILE, cache_name, ensure_cache
-from loaderbench.transforms import pil_val_transform
 from tests.conftest import REPO, folder_index
 
 SIZE = 32
@@ -100,8 +100,8 @@ from omegaconf import OmegaConf
 import loaderbench.loaders.memmap.build as mb
 import loaderbench.loaders.memmap.cache as mc
 import loaderbench.loaders.memmap.store_raw as raw_store
-from loaderbench.config import DatasetConfig
-from loaderbench.data import discover
+from loaderbench.config.schema import DatasetConfig
+from loaderbench.data.discovery import discover
 
 root, cache_dir, step = sys.argv[1], Path(sys.argv[2]), sys.argv[3]
 cfg = OmegaConf.structured(DatasetConfig(index_dir=None))

@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from loaderbench.loaders import build_loader
-from loaderbench.metrics import combine_over_ranks
+from loaderbench.measure.metrics import combine_over_ranks
 from loaderbench.run.ceiling import NO_MODEL_REASON, no_ceiling, with_ceiling
-from loaderbench.sweeps import apply_sweep_ceilings, ceiling_settings
+from loaderbench.run.sweeps import apply_sweep_ceilings, ceiling_settings
 from tests.conftest import (
     cpu_spec,
     folder_index,

@@ -6,9 +6,9 @@ import pytest
 from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
-from loaderbench.config import NAMED_MODELS
+from loaderbench.config.schema import NAMED_MODELS
 from loaderbench.loaders import loader_names, settings_class
-from loaderbench.validation import ConfigError, validate_config
+from loaderbench.run.validation import ConfigError, validate_config
 from tests.helpers import CONF, compose_cfg
 
 GROUPS = ["dataset", "loader", "model", "device", "precision", "logger"]
@@ -24,7 +24,8 @@ REQUIRED = {
 
 
 def options(group: str) -> list[str]:
-    """A group's YAML files, and for `model` the timm names registered in loaderbench.config."""
+    """A group's YAML files, and for `model` the timm names registered in
+    loaderbench.config.schema."""
     names = {p.stem for p in (CONF / group).glob("*.yaml")}
     if group == "model":
         names |= set(NAMED_MODELS)

@@ -11,12 +11,12 @@ import numpy as np
 import pytest
 import torch
 
-from loaderbench import decoded_by
-from loaderbench.buffers import BatchBuffers
-from loaderbench.decode import cpu_batch, decode_cpu
-from loaderbench.loaders.spdl.decoders import TurboDecoder
-from loaderbench.loaders.spdl.geometry import Geometry
-from loaderbench.loaders.spdl.records import DecodedBatch, Sample
+from loaderbench.imaging import decoded_by
+from loaderbench.imaging.decode import cpu_batch, decode_cpu
+from loaderbench.imaging.spdl.decoders import TurboDecoder
+from loaderbench.imaging.spdl.geometry import Geometry
+from loaderbench.imaging.spdl.records import DecodedBatch, Sample
+from loaderbench.platform.buffers import BatchBuffers
 
 pytestmark = pytest.mark.skipif(not cpu_batch.available(), reason="no torchvision image ops")
 

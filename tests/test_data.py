@@ -11,9 +11,9 @@ import pytest
 from omegaconf import OmegaConf
 from PIL import Image
 
-from loaderbench.config import DatasetConfig
-from loaderbench.data import DatasetError, discover, scan_image_folder
-from loaderbench.synthetic import SyntheticSpec, ensure_synthetic, render_image
+from loaderbench.config.schema import DatasetConfig
+from loaderbench.data.discovery import DatasetError, discover, scan_image_folder
+from loaderbench.data.synthetic import SyntheticSpec, ensure_synthetic, render_image
 
 
 def dataset_cfg(**kwargs):

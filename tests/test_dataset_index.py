@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 from omegaconf import OmegaConf
 
-from loaderbench.config import DatasetConfig
-from loaderbench.data import PathTable, Split, discover
-from loaderbench.dataset_index import index_file
+from loaderbench.config.schema import DatasetConfig
+from loaderbench.data.discovery import PathTable, Split, discover
+from loaderbench.data.index import index_file
 from tests.conftest import rewrite_in_place
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
@@ -77,8 +77,8 @@ DISCOVER = textwrap.dedent(
     """
     import logging, sys
     from omegaconf import OmegaConf
-    from loaderbench.config import DatasetConfig
-    from loaderbench.data import discover
+    from loaderbench.config.schema import DatasetConfig
+    from loaderbench.data.discovery import discover
     logging.basicConfig(level=logging.INFO, stream=sys.stderr)
     root, index_dir, rescan = sys.argv[1], sys.argv[2], sys.argv[3] == "true"
     cfg = OmegaConf.structured(
@@ -170,7 +170,7 @@ def test_a_file_rewritten_in_place_is_read_anew_by_default(
 
 
 def test_an_unknown_index_check_is_an_error_naming_the_key(data: Path) -> None:
-    from loaderbench.validation import ConfigError, validate_config
+    from loaderbench.run.validation import ConfigError, validate_config
     from tests.helpers import compose_cfg
 
     cfg = compose_cfg("eval", [f"dataset.root={data}", "dataset.index_check=inodes"])

@@ -14,14 +14,14 @@ import pytest
 import torch
 from PIL import Image
 
-from loaderbench import decode, decoded_by
-from loaderbench.decode import BACKENDS, JpegBackend, cpu_batch, decode_pil
+from loaderbench.imaging import decode, decoded_by
+from loaderbench.imaging.decode import BACKENDS, JpegBackend, cpu_batch, decode_pil
+from loaderbench.imaging.spdl.decoders import TurboDecoder
+from loaderbench.imaging.spdl.geometry import Geometry, apply_plan
+from loaderbench.imaging.spdl.records import Opened, Sample
+from loaderbench.imaging.transforms import resized_crop_images
 from loaderbench.loaders import build_loader
 from loaderbench.loaders.memmap.loader import store_batches
-from loaderbench.loaders.spdl.decoders import TurboDecoder
-from loaderbench.loaders.spdl.geometry import Geometry, apply_plan
-from loaderbench.loaders.spdl.records import Opened, Sample
-from loaderbench.transforms import resized_crop_images
 from tests.conftest import REPO, cpu_spec, folder_index
 
 CPU = torch.device("cpu")
@@ -176,7 +176,7 @@ def test_a_region_backend_decodes_the_region_alone(name: str) -> None:
 
 
 def test_nvimgcodec_does_not_apply_exif_orientation() -> None:
-    """Its default does; no loader here does (``loaderbench.images``)."""
+    """Its default does; no loader here does (``loaderbench.imaging.files``)."""
     backend = loaded("nvimgcodec")
     pixels = photo_like(40, 70)
     exif = Image.Exif()
@@ -209,7 +209,7 @@ def test_stray_bytes_between_header_segments_send_a_jpeg_to_pil() -> None:
     (the GPU check's damaged set, issue 36), so the admission rule sends it to PIL, the
     reference, in every loader. 0xFF fill bytes before a marker are the standard's, not
     stray."""
-    from loaderbench.images import fast_jpeg, headers_contiguous
+    from loaderbench.imaging.files import fast_jpeg, headers_contiguous
 
     good = KINDS["420"]
     scan = good.index(b"\xff\xda")
@@ -247,7 +247,7 @@ def test_a_bad_file_in_a_batch_fails_alone(name: str) -> None:
 
 def test_the_header_gives_size_and_exif_orientation() -> None:
     """The boxes are drawn from the header's size, before anything is decoded."""
-    from loaderbench.images import jpeg_header
+    from loaderbench.imaging.files import jpeg_header
 
     array = np.zeros((30, 50, 3), dtype=np.uint8)
     for orientation in (None, 1, 3, 6, 8):
@@ -280,7 +280,7 @@ def test_a_missing_backend_is_passed_over_with_one_log_line_naming_it(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     backends = {"missing": MissingBackend(), **BACKENDS}
-    with caplog.at_level("INFO", logger="loaderbench.decode"):
+    with caplog.at_level("INFO", logger="loaderbench.imaging.decode"):
         name = decode.choose("cpu", backends)
     assert name == decode.choose("cpu", BACKENDS)
     (record,) = caplog.records
@@ -292,7 +292,7 @@ CHOICE_WITHOUT_NVIMGCODEC = """
 import logging, sys
 sys.modules["nvidia.nvimgcodec"] = None  # as if it were not installed
 logging.basicConfig(level=logging.INFO, format="LOG %(name)s %(message)s")
-from loaderbench import decode
+from loaderbench.imaging import decode
 print("CHOSEN", decode.backend("cpu"), decode.region_decode("cpu"))
 print("CHOSEN", decode.backend("cpu"))  # chosen once per process
 """
@@ -313,7 +313,11 @@ def test_without_nvimgcodec_the_cpu_decodes_with_the_next_backend_saying_why_onc
         decode.choose("cpu", {k: v for k, v in BACKENDS.items() if k != "nvimgcodec"}),
         "False",
     ]
-    logs = [line for line in done.stderr.splitlines() if line.startswith("LOG loaderbench.decode")]
+    logs = [
+        line
+        for line in done.stderr.splitlines()
+        if line.startswith("LOG loaderbench.imaging.decode")
+    ]
     assert len(logs) == 1 and "nvimgcodec" in logs[0] and "ModuleNotFoundError" in logs[0], logs
 
 
@@ -497,7 +501,7 @@ def test_memmap_batched_jpeg_path_decodes_regions_like_the_threads(
 def test_the_region_decode_limit_times_the_train_pipelines_own_crops(jpeg_root: Path) -> None:
     """bench.limits' region decode limit: the train job of image i is the spdl train
     pipeline's (the same seeded box, decoded alone, resized, flipped)."""
-    from loaderbench.bench.limits import measure_region_decode_limit, train_candidates
+    from tools.bench.limits import measure_region_decode_limit, train_candidates
 
     split = folder_index(jpeg_root).train
     paths = list(split.paths)

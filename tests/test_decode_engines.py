@@ -17,10 +17,10 @@ import pytest
 import torch
 from PIL import Image
 
-from loaderbench import decode, decoded_by
-from loaderbench.decode import ENGINES, Engine, EngineRate, NvImageCodecBackend
-from loaderbench.decode import engine_choice as choice
-from loaderbench.decode.engines import is_cpu_huffman, make_decoder, takes
+from loaderbench.imaging import decode, decoded_by
+from loaderbench.imaging.decode import ENGINES, Engine, EngineRate, NvImageCodecBackend
+from loaderbench.imaging.decode import engine_choice as choice
+from loaderbench.imaging.decode.engines import is_cpu_huffman, make_decoder, takes
 
 pytest.importorskip("nvidia.nvimgcodec")
 
@@ -96,7 +96,7 @@ def test_a_batch_an_engine_fails_goes_to_the_next_saying_so_once(
     backend = Failing()
     backend.load()
     datas = [jpeg(i) for i in range(3)]
-    with caplog.at_level(logging.WARNING, logger="loaderbench.decode"):
+    with caplog.at_level(logging.WARNING, logger="loaderbench.imaging.decode"):
         for _ in range(2):
             with decoded_by.counting() as counts:
                 images = backend.decode(datas, CPU, [None, (0, 0, 8, 8), None])
@@ -150,7 +150,7 @@ def test_cpu_huffman_on_a_gpu_is_a_warning_naming_its_cause_once_per_cause(
     ]
     hybrid = ENGINES["hybrid"]
     before = [(ENGINES["cuda"], None)]
-    with caplog.at_level(logging.WARNING, logger="loaderbench.decode"):
+    with caplog.at_level(logging.WARNING, logger="loaderbench.imaging.decode"):
         backend._warn_cpu_huffman(gpu, [], hybrid, [0, 1], [True, True])
         backend._warn_cpu_huffman(gpu, [], hybrid, [0, 1], [True, True])  # said once
         backend._warn_cpu_huffman(gpu, before, hybrid, [0], [False])
@@ -233,7 +233,7 @@ def test_the_measurement_is_remembered_per_machine_and_gpu(
 
     monkeypatch.delenv("LOADERBENCH_DECODE_REFRESH")
     saved.write_text("{not json")
-    with caplog.at_level(logging.WARNING, logger="loaderbench.decode"):
+    with caplog.at_level(logging.WARNING, logger="loaderbench.imaging.decode"):
         _, measured = choice.remembered_rates("GPU A", lambda: real_measurement(calls))
     assert measured and str(saved) in caplog.text and "measuring again" in caplog.text
     assert json.loads(saved.read_text())["order"] == ["cpu"]  # written over, whole

@@ -14,8 +14,8 @@ import pytest
 import torch
 from PIL import Image
 
-from loaderbench import decode, decoded_by
-from loaderbench.decode import Engine, NvImageCodecBackend, PilBackend, cpu_batch
+from loaderbench.imaging import decode, decoded_by
+from loaderbench.imaging.decode import Engine, NvImageCodecBackend, PilBackend, cpu_batch
 from loaderbench.loaders import build_loader, file_loader_names
 from tests.conftest import (
     cpu_spec,
@@ -229,7 +229,7 @@ def test_a_region_decode_that_comes_back_empty_fails_the_probe(
         images = refusing.decode([data, data], CPU, [None, (8, 8, 16, 16)])
     assert [tuple(i.shape) for i in images] == [(3, 48, 64), (3, 16, 16)]
     assert counts == {"region_refusing:cpu": 1, "pil": 1}
-    with caplog.at_level("WARNING", logger="loaderbench.decode"):
+    with caplog.at_level("WARNING", logger="loaderbench.imaging.decode"):
         name = decode.choose("cpu", {"region_refusing": refusing, "pil": PilBackend()})
     assert name == "pil"
     assert "region_refusing does not work here" in caplog.text
@@ -259,8 +259,8 @@ def test_nvjpeg_decodes_regions_of_subsampled_jpegs_itself() -> None:
 
 
 def test_sweep_summaries_and_the_report_say_what_decoded() -> None:
-    from loaderbench.bench.measure import row_note
-    from loaderbench.metrics import summary_keys
+    from loaderbench.measure.metrics import summary_keys
+    from tools.bench.measure import row_note
 
     metrics = {"loader_val_decoded_by": {"pil": 2, "nvimgcodec": 6}}
     assert decoded_by.summary_text(metrics) == "val: nvimgcodec 6, pil 2"

@@ -13,9 +13,9 @@ import pytest
 import torch
 from PIL import Image
 
-from loaderbench.device_resize import axis_weights, resize_boxes, resize_images
-from loaderbench.loaders.spdl.geometry import apply_plan, val_region_plan
-from loaderbench.transforms import crop_resize_flip_batch, resize_uint8, seeded_crops
+from loaderbench.imaging.device_resize import axis_weights, resize_boxes, resize_images
+from loaderbench.imaging.spdl.geometry import apply_plan, val_region_plan
+from loaderbench.imaging.transforms import crop_resize_flip_batch, resize_uint8, seeded_crops
 
 PHOTOS = Path("/work/photos/train")
 MAX_DIFF = 1  # grey levels: the CPU kernel's fixed-point weights round a few pixels apart

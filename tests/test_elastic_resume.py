@@ -22,6 +22,7 @@ import psutil
 import pytest
 import torch
 
+from loaderbench.data.synthetic import SyntheticSpec, ensure_synthetic
 from loaderbench.loaders import file_loader_names
 from loaderbench.loaders.base import epoch_permutation, shard_indices, training_places
 from loaderbench.run.elastic import (
@@ -31,8 +32,7 @@ from loaderbench.run.elastic import (
     resumed_epoch,
 )
 from loaderbench.run.ledger import SampleLedger
-from loaderbench.synthetic import SyntheticSpec, ensure_synthetic
-from loaderbench.validation import ConfigError
+from loaderbench.run.validation import ConfigError
 from tests.conftest import (
     finish,
     loader_folder_overrides,
@@ -354,7 +354,7 @@ def test_a_relaunch_that_finds_no_checkpoint_says_where_it_looked(
     """A plain torchrun re-launch gets a new run directory and starts afresh: the log names
     the directory it looked in, and how to continue a run; a 1-rank launch that is not a
     SLURM requeue, or one that asked for a checkpoint, says nothing."""
-    from loaderbench.config import RunConfig
+    from loaderbench.config.schema import RunConfig
     from loaderbench.run.resume_rules import note_fresh_start
 
     monkeypatch.delenv("SLURM_RESTART_COUNT", raising=False)

@@ -9,10 +9,10 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from loaderbench.config import OptimConfig
-from loaderbench.engine import TrainStep
-from loaderbench.optim import build_optimizer, load_optimizer_state
-from loaderbench.runtime import PRECISIONS
+from loaderbench.config.schema import OptimConfig
+from loaderbench.platform.runtime import PRECISIONS
+from loaderbench.training.loops import TrainStep
+from loaderbench.training.optim import build_optimizer, load_optimizer_state
 from tests.test_loops import InMemoryLoader, Tiny
 
 CUDA, CPU = torch.device("cuda"), torch.device("cpu")

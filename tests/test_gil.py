@@ -9,8 +9,8 @@ from collections import Counter
 
 from loaderbench.autotune.policy import GIL_BOUND, keep_climbing
 from loaderbench.autotune.rung import ProbeRow, pooled
-from loaderbench.bench.gil_profile import GilRun, group_samples, ms_per_1k
-from loaderbench.gil_probe import GilProbe, gil_frac
+from loaderbench.measure.gil_probe import GilProbe, gil_frac
+from tools.bench.gil_profile import GilRun, group_samples, ms_per_1k
 
 
 def probed(work: threading.Thread | None, seconds: float = 1.5) -> float:
@@ -60,7 +60,7 @@ def test_py_spy_samples_are_grouped_loader_loop_and_other() -> None:
     lines = [
         "thread (1): loaderbench_spdl_decode_0;run (threading.py:1);decode (x.py:2) 7",
         "thread (2): spdl_event_loop_thread;run (threading.py:1) 3",
-        "thread (3): MainThread;main (train.py:1);consume (src/loaderbench/engine.py:9) 4",
+        "thread (3): MainThread;main (train.py:1);consume (src/loaderbench/training/loops.py:9) 4",
         "thread (3): MainThread;main (train.py:1);import (x.py:1) 100",  # start-up: not counted
         "thread (4): process-tree-monitor;sample (m.py:1) 2",
         "not a sample",

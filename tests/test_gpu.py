@@ -12,16 +12,16 @@ import torch
 from omegaconf import OmegaConf
 from PIL import Image
 
-from loaderbench.buffers import BufferPool
-from loaderbench.config import OptimConfig
-from loaderbench.decode import CudaJpegDecoder, decode_cpu, hand_over
-from loaderbench.device_resize import resize_boxes
-from loaderbench.engine import train_one_epoch
+from loaderbench.config.schema import OptimConfig
+from loaderbench.imaging.decode import CudaJpegDecoder, decode_cpu, hand_over
+from loaderbench.imaging.device_resize import resize_boxes
+from loaderbench.imaging.transforms import crop_resize_flip_batch, seeded_crops
 from loaderbench.loaders import build_loader
-from loaderbench.meters import LoopMeter
-from loaderbench.optim import build_optimizer
-from loaderbench.runtime import PRECISIONS
-from loaderbench.transforms import crop_resize_flip_batch, seeded_crops
+from loaderbench.measure.meters import LoopMeter
+from loaderbench.platform.buffers import BufferPool
+from loaderbench.platform.runtime import PRECISIONS
+from loaderbench.training.loops import train_one_epoch
+from loaderbench.training.optim import build_optimizer
 from tests.conftest import cpu_spec, folder_index
 from tests.test_batched_crop import MAX_DIFF, MEAN_DIFF
 from tests.test_loops import InMemoryLoader, Tiny, train_step
@@ -107,7 +107,7 @@ def test_batched_nvjpeg_matches_libjpeg_turbo_under_a_busy_consumer() -> None:
 
 
 def crop_resize_flip_batch_list(images, boxes, size, flips, out=None):
-    from loaderbench.transforms import resized_crop_images
+    from loaderbench.imaging.transforms import resized_crop_images
 
     return resized_crop_images(list(images), boxes, size, flips, out)
 

@@ -13,7 +13,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from loaderbench.loaders import build_loader
-from loaderbench.meters import LoopMeter, head_start, loop_metrics
+from loaderbench.measure.meters import LoopMeter, head_start, loop_metrics
 from tests.conftest import cpu_spec, folder_index
 
 ITEM_S = 0.01  # one image's decode

@@ -14,8 +14,8 @@ from omegaconf import OmegaConf
 from PIL import Image
 from torch import Tensor
 
-from loaderbench.config import DatasetConfig
-from loaderbench.data import DatasetError, DatasetIndex, discover, parse_wnid
+from loaderbench.config.schema import DatasetConfig
+from loaderbench.data.discovery import DatasetError, DatasetIndex, discover, parse_wnid
 from loaderbench.loaders import build_loader, file_loader_names
 from tests.conftest import (
     cpu_spec,

@@ -15,8 +15,12 @@ import psutil
 import pytest
 import torch
 
+from loaderbench.platform.stopping import (
+    critical_section,
+    stop_requested,
+    stop_signals_as_interrupt,
+)
 from loaderbench.run.checkpoint import load_checkpoint
-from loaderbench.run.stopping import critical_section, stop_requested, stop_signals_as_interrupt
 from tests.conftest import REPO
 
 
@@ -188,8 +192,8 @@ def test_critical_section_lets_a_propagating_or_handled_exception_be() -> None:
 ATOMIC_WRITE = """
 import os, signal, sys
 from pathlib import Path
-from loaderbench.locking import atomic_write
-from loaderbench.run.stopping import stop_signals_as_interrupt
+from loaderbench.platform.locking import atomic_write
+from loaderbench.platform.stopping import stop_signals_as_interrupt
 
 target, sig = Path(sys.argv[1]), int(sys.argv[2])
 
@@ -241,7 +245,7 @@ import os, signal, sys
 from collections import OrderedDict
 import torch
 from loaderbench.run.checkpoint import save_checkpoint
-from loaderbench.run.stopping import stop_signals_as_interrupt
+from loaderbench.platform.stopping import stop_signals_as_interrupt
 
 class StopWhilePickled:
     # torch.save pickles this with its temporary file open: a SIGTERM halfway through.
@@ -293,7 +297,7 @@ def test_a_requeue_whose_scontrol_the_requeue_killed_ends_the_job_without_a_resu
     """submitit's handler raises when ``scontrol requeue`` dies of the SIGTERM its own requeue
     sent (CI saw it): the run ends as after a requeue (SystemExit, no error result for the
     submitter), while a refused requeue (exit status 1) or another kill still raises."""
-    from loaderbench.run import stopping
+    from loaderbench.platform import stopping
 
     def killed_by_the_requeue(signum: int, frame: object) -> None:
         raise subprocess.CalledProcessError(-signal.SIGTERM, ["scontrol", "requeue", "7"])

@@ -36,11 +36,11 @@ import pytest
 import torch
 from tqdm.std import TMonitor
 
-from loaderbench.data import Split
-from loaderbench.images import load_rgb
+from loaderbench.data.discovery import Split
+from loaderbench.data.synthetic import SyntheticSpec, ensure_synthetic
+from loaderbench.imaging.files import load_rgb
+from loaderbench.imaging.transforms import PilTrainTransform, pil_val_transform
 from loaderbench.loaders import LoaderSpec, build_loader, loader_names, settings_class
-from loaderbench.synthetic import SyntheticSpec, ensure_synthetic
-from loaderbench.transforms import PilTrainTransform, pil_val_transform
 from tests.conftest import REPO, cpu_spec, folder_index, loader_folders, loader_variants
 
 SIZE, BATCH, BATCHES = 24, 4, 6  # 24 train images: 6 batches of 4 an epoch
@@ -395,7 +395,7 @@ def test_the_yaml_composes_into_the_loaders_typed_settings(variant) -> None:
     """``loader=<name>`` composes from its YAML into its settings, with its variant's keys."""
     from hydra import compose, initialize_config_dir
 
-    from loaderbench.validation import validate_config
+    from loaderbench.run.validation import validate_config
 
     name, options = variant
     extra = os.environ.get(SEARCHPATH_ENV)
@@ -437,9 +437,9 @@ from pathlib import Path
 
 import torch
 
-from loaderbench.images import load_rgb
+from loaderbench.imaging.files import load_rgb
 from loaderbench.loaders import Batch, Loader, register_loader
-from loaderbench.transforms import PilTrainTransform, pil_val_transform
+from loaderbench.imaging.transforms import PilTrainTransform, pil_val_transform
 
 
 @register_loader("pilplain")

@@ -20,11 +20,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from loaderbench.images import load_rgb
-from loaderbench.locking import FileLock, lockfile, try_exclusive
-from loaderbench.locking.kinds import local_only
-from loaderbench.locking.lockfile import EXCLUSIVE_SUFFIX, Holder, Judge
-from loaderbench.transforms import pil_val_transform
+from loaderbench.imaging.files import load_rgb
+from loaderbench.imaging.transforms import pil_val_transform
+from loaderbench.platform.locking import FileLock, lockfile, try_exclusive
+from loaderbench.platform.locking.kinds import local_only
+from loaderbench.platform.locking.lockfile import EXCLUSIVE_SUFFIX, Holder, Judge
 from tests.conftest import REPO, folder_index
 
 SITECUSTOMIZE = """
@@ -143,7 +143,7 @@ def test_two_builders_exclude_each_other_where_flock_is_unsupported(
 HOLDER = """
 import sys, time
 from pathlib import Path
-from loaderbench.locking import SharedHold
+from loaderbench.platform.locking import SharedHold
 
 in_use, signal_file, go_on = map(Path, sys.argv[1:4])
 first, second = SharedHold(in_use), SharedHold(in_use)
@@ -201,7 +201,7 @@ def test_an_in_use_hold_keeps_removal_out_until_its_last_holder_goes(
 
 TAKE_AND_DIE = """
 import os, sys
-from loaderbench.locking import FileLock
+from loaderbench.platform.locking import FileLock
 lock = FileLock(sys.argv[1])
 lock.__enter__()
 print(os.getpid(), flush=True)
@@ -210,7 +210,7 @@ os._exit(0)  # dies holding it, as a SIGKILLed build would: nothing removes its 
 
 TAKE_AND_HOLD = """
 import sys, time
-from loaderbench.locking import FileLock
+from loaderbench.platform.locking import FileLock
 with FileLock(sys.argv[1]):
     print("holding", flush=True)
     time.sleep(float(sys.argv[2]))
@@ -394,7 +394,7 @@ def test_removing_a_stale_record_never_removes_a_newcomers(
 THREADS = """
 import sys, threading, time
 from pathlib import Path
-from loaderbench.locking import FileLock, SharedHold, try_exclusive
+from loaderbench.platform.locking import FileLock, SharedHold, try_exclusive
 
 lock, inside, overlaps = Path(sys.argv[1]), [0], []
 

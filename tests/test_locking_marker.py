@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from loaderbench.locking import FileLock, LockKindError, marker
-from loaderbench.locking.kinds import KINDS
+from loaderbench.platform.locking import FileLock, LockKindError, marker
+from loaderbench.platform.locking.kinds import KINDS
 from tests.conftest import REPO
 from tests.test_locking_fallback import simulated_env
 
@@ -60,7 +60,7 @@ def test_a_kind_that_worked_and_then_fails_raises_naming_the_path(
 
 TRY_TAKE = """
 import sys
-from loaderbench.locking import try_exclusive
+from loaderbench.platform.locking import try_exclusive
 held = try_exclusive(sys.argv[1])
 print("busy" if held is None else "taken while another process holds it")
 """

@@ -10,11 +10,11 @@ import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from loaderbench.engine import StepLog, TrainStep, evaluate, train_one_epoch
 from loaderbench.loaders import Batch
-from loaderbench.meters import LoopMeter
+from loaderbench.measure.meters import LoopMeter
+from loaderbench.platform.runtime import PRECISIONS
 from loaderbench.run.ledger import SampleLedger
-from loaderbench.runtime import PRECISIONS
+from loaderbench.training.loops import StepLog, TrainStep, evaluate, train_one_epoch
 
 
 class ScalarReads(TorchDispatchMode):

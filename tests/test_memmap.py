@@ -12,17 +12,17 @@ from pathlib import Path
 import pytest
 import torch
 
-from loaderbench import batch_resize
-from loaderbench.data import Split
-from loaderbench.loaders import build_loader
-from loaderbench.loaders.memmap.loader import MemmapLoader, store_batches
-from loaderbench.transforms import (
+from loaderbench.data.discovery import Split
+from loaderbench.imaging import batch_resize
+from loaderbench.imaging.transforms import (
     crop_resize_flip_batch,
     crop_resize_flip_rows,
     resize_uint8,
     resized_crop_images,
     seeded_crops,
 )
+from loaderbench.loaders import build_loader
+from loaderbench.loaders.memmap.loader import MemmapLoader, store_batches
 from tests.conftest import cpu_spec, folder_index, read_metrics, run_dirs, run_entry, single_run
 
 SIZE = 32  # model input size in these tests; train images are stored with a long side of 48

@@ -21,12 +21,12 @@ import pytest
 import torch
 from PIL import Image
 
-from loaderbench.images import load_rgb
+from loaderbench.imaging.files import load_rgb
+from loaderbench.imaging.transforms import pil_val_transform
 from loaderbench.loaders.memmap.build import CacheError, StorePolicy, decode_fit, fit_size
 from loaderbench.loaders.memmap.cache import COMPLETE_FILE, cache_name, ensure_cache, open_cache
 from loaderbench.loaders.memmap.store_raw import ImageCache
-from loaderbench.locking import FileLock
-from loaderbench.transforms import pil_val_transform
+from loaderbench.platform.locking import FileLock
 from tests.conftest import REPO, folder_index
 from tests.test_memmap import SIZE, make_loader
 
@@ -148,7 +148,7 @@ JPEG_MEAN_ERROR_64 = 7.5  # per image (measured max 6.8)
 def test_the_jpeg_store_round_trips_within_jpeg_error_at_a_fraction_of_the_bytes(
     tiny_root: Path, tmp_path: Path
 ) -> None:
-    from loaderbench.decode import decode_cpu
+    from loaderbench.imaging.decode import decode_cpu
     from loaderbench.loaders.memmap.build import decode_stored
     from loaderbench.loaders.memmap.cache import STORES
     from loaderbench.loaders.memmap.store_jpeg import JpegCache
@@ -299,8 +299,8 @@ from pathlib import Path
 from omegaconf import OmegaConf
 import loaderbench.loaders.memmap.build as mb
 import loaderbench.loaders.memmap.cache as mc
-from loaderbench.config import DatasetConfig
-from loaderbench.data import discover
+from loaderbench.config.schema import DatasetConfig
+from loaderbench.data.discovery import discover
 
 root, cache_dir, halfway, codec = sys.argv[1:5]
 cfg = OmegaConf.structured(DatasetConfig(index_dir=None))
@@ -378,8 +378,8 @@ from pathlib import Path
 from omegaconf import OmegaConf
 import loaderbench.loaders.memmap.build as mb
 import loaderbench.loaders.memmap.cache as mc
-from loaderbench.config import DatasetConfig
-from loaderbench.data import discover
+from loaderbench.config.schema import DatasetConfig
+from loaderbench.data.discovery import discover
 
 root, cache_dir, go = sys.argv[1:4]
 cfg = OmegaConf.structured(DatasetConfig(index_dir=None))

@@ -12,9 +12,9 @@ import pytest
 import torch
 from PIL import Image
 
+from loaderbench.imaging.spdl.decoders import Sample, is_encoded, open_file
+from loaderbench.imaging.transforms import pil_val_transform
 from loaderbench.loaders import build_loader, file_loader_names
-from loaderbench.loaders.spdl.decoders import Sample, is_encoded, open_file
-from loaderbench.transforms import pil_val_transform
 from tests.conftest import (
     MAX_PIXELS,
     cpu_spec,

@@ -17,10 +17,10 @@ import pytest
 import torch
 from PIL import Image
 
-from loaderbench.data import Split
-from loaderbench.images import ImageTooLarge, fast_jpeg, load_rgb
+from loaderbench.data.discovery import Split
+from loaderbench.imaging.files import ImageTooLarge, fast_jpeg, load_rgb
+from loaderbench.imaging.spdl.decoders import Sample, is_encoded, open_file
 from loaderbench.loaders import build_loader
-from loaderbench.loaders.spdl.decoders import Sample, is_encoded, open_file
 from tests.conftest import READERS, cpu_spec, folder_index, loader_folders
 from tests.helpers import photo
 from tests.test_messy import SIZE, gradient16, plain_tree
@@ -215,7 +215,7 @@ def test_only_whole_three_component_jpegs_reach_a_fast_decoder(damaged_root: Pat
     """The one rule every spdl decoder opens files by (nvjpeg's too): 4-component and cut
     JPEGs are decoded by PIL on opening (or refused by it), the rest handed on encoded; and
     every JPEG backend loads what Pillow loads."""
-    from loaderbench.decode import BACKENDS, CPU
+    from loaderbench.imaging.decode import BACKENDS, CPU
 
     val = damaged_root / "val" / "n00000001"
     # Stray bytes before the scan's marker: libjpeg skips them, nvJPEG does not (PIL's).
@@ -366,7 +366,7 @@ def _ffmpeg_loads(path: Path) -> bool:
     """Whether FFmpeg alone (SPDL's demux and decode, the loader's options) decodes a file."""
     import spdl.io
 
-    from loaderbench.loaders.spdl.decoders import FFMPEG_DECODER_OPTIONS
+    from loaderbench.imaging.spdl.decoders import FFMPEG_DECODER_OPTIONS
 
     config = spdl.io.decode_config(decoder_options=FFMPEG_DECODER_OPTIONS)
     try:

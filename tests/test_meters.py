@@ -10,8 +10,8 @@ import psutil
 import pytest
 import torch
 
-from loaderbench.meters import Average, LoopMeter, loop_metrics
-from loaderbench.process_tree import CpuWindow, ProcessTreeMonitor
+from loaderbench.measure.meters import Average, LoopMeter, loop_metrics
+from loaderbench.measure.process_tree import CpuWindow, ProcessTreeMonitor
 
 
 class FakeClock:

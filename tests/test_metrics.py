@@ -1,5 +1,6 @@
-"""A metric declared once (``loaderbench.metrics``) drives the rank reduction, the sweep summary,
-its charts and W&B's per-epoch summaries; a new metric needs its declaration and its meter."""
+"""A metric declared once (``loaderbench.measure.metrics``) drives the rank reduction, the sweep
+summary, its charts and W&B's per-epoch summaries; a new metric needs its declaration and its
+meter."""
 
 from __future__ import annotations
 
@@ -11,9 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from loaderbench import loaders, metrics, sweeps
-from loaderbench.meters import LoopMeter, loop_metrics
-from loaderbench.run import distributed
+from loaderbench import loaders
+from loaderbench.measure import metrics
+from loaderbench.measure.meters import LoopMeter, loop_metrics
+from loaderbench.platform import distributed
+from loaderbench.run import sweeps
 from tests.conftest import REPO, free_ports
 
 # What each of two ranks measured (rank 1 twice as fast, waiting less, started later).
@@ -100,8 +103,8 @@ def test_a_new_metric_is_its_declaration(monkeypatch: pytest.MonkeyPatch, tmp_pa
 def test_the_report_and_the_gpu_check_take_their_columns_from_the_catalog() -> None:
     """Every report column has a title and decimals, in the table's order; the GPU check's
     columns are declared metrics; the epoch curves are W&B's ``epoch/<key>``."""
-    from loaderbench.bench.render import pipeline_header
-    from loaderbench.metrics import BY_KEY, epoch_curves, gpu_check_columns, report_columns
+    from loaderbench.measure.metrics import BY_KEY, epoch_curves, gpu_check_columns, report_columns
+    from tools.bench.render import pipeline_header
 
     columns = report_columns()
     assert columns[0].key == "images_per_s"

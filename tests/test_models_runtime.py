@@ -9,10 +9,10 @@ import torch
 from omegaconf import OmegaConf
 from torch import nn
 
-from loaderbench.config import DeviceConfig, ModelConfig
-from loaderbench.models import ImageClassifier, build_model
+from loaderbench.config.schema import DeviceConfig, ModelConfig
+from loaderbench.platform.runtime import UnsupportedSetting, resolve_device, resolve_precision
 from loaderbench.run.checkpoint import load_checkpoint, save_checkpoint
-from loaderbench.runtime import UnsupportedSetting, resolve_device, resolve_precision
+from loaderbench.training.models import ImageClassifier, build_model
 
 
 def model_cfg(name: str, **kwargs):
@@ -86,7 +86,7 @@ def test_checkpoint_is_atomic_and_weights_only(tmp_path: Path) -> None:
         tmp.write_bytes(b"partial")
         raise Boom
 
-    from loaderbench.locking import atomic_write
+    from loaderbench.platform.locking import atomic_write
 
     with pytest.raises(Boom):
         atomic_write(path, bad)
@@ -101,7 +101,7 @@ def test_checkpoint_is_atomic_and_weights_only(tmp_path: Path) -> None:
 def test_intra_op_threads_follow_the_allotment_less_the_loader() -> None:
     import os
 
-    from loaderbench.runtime import allotted_cpus, set_intra_op_threads
+    from loaderbench.platform.runtime import allotted_cpus, set_intra_op_threads
 
     before, omp = torch.get_num_threads(), os.environ.get("OMP_NUM_THREADS")
     try:

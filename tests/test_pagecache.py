@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from loaderbench.pagecache import evict, files_under, resident_fraction
+from loaderbench.platform.pagecache import evict, files_under, resident_fraction
 from tests.conftest import run_entry, single_run
 
 

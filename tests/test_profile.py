@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from loaderbench.bench.profile import frame_name, summarise
+from tools.bench.profile import frame_name, summarise
 
 
 def test_the_summary_counts_the_loader_threads_samples_by_self_and_total_time() -> None:
@@ -41,7 +41,7 @@ def test_make_profile_samples_the_memmap_reading_threads_of_a_real_run(
     command = [
         sys.executable,
         "-m",
-        "loaderbench.bench.profile",
+        "tools.bench.profile",
         "--out",
         str(out),
         "--rate",
@@ -61,7 +61,7 @@ def test_make_profile_samples_the_memmap_reading_threads_of_a_real_run(
     assert samples > 20, summary
     # The reading threads' work is the batch read; its crop loop is the run's hot path.
     assert "`CroppedRows.read (loaderbench/loaders/memmap/rows.py)`" in summary
-    assert "resize_rows_into (loaderbench/batch_resize.py)" in summary
+    assert "resize_rows_into (loaderbench/imaging/batch_resize.py)" in summary
     assert (out / "run" / "metrics.json").exists()
 
 
@@ -77,7 +77,7 @@ def test_make_profile_gil_gives_ms_per_1k_images_of_a_real_spdl_run(
     command = [
         sys.executable,
         "-m",
-        "loaderbench.bench.profile",
+        "tools.bench.profile",
         "--gil",
         "--gil-epochs",
         "2,8",

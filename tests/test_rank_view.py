@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from loaderbench import sweeps
-from loaderbench.metrics import rank_rows, straggler_note, summary_keys, with_epoch_ranks
+from loaderbench.measure.metrics import rank_rows, straggler_note, summary_keys, with_epoch_ranks
+from loaderbench.run import sweeps
 from tests.conftest import REPO, finish, single_run, start_torchrun
 
 
@@ -105,8 +105,8 @@ def test_the_straggler_line_is_written_once_however_the_run_ends(
 ) -> None:
     """A run preempted or interrupted (the usual end on a cluster) names its straggler too,
     from the per-rank figures of its epochs so far; once per run, as an ok run does."""
+    from loaderbench.platform.stopping import Preempted
     from loaderbench.run.session import open_session
-    from loaderbench.run.stopping import Preempted
 
     stop = {"preempted": Preempted, "interrupted": KeyboardInterrupt}.get(end)
     with caplog.at_level("WARNING"):

@@ -15,7 +15,8 @@ import pytest
 import yaml
 from omegaconf import OmegaConf
 
-from loaderbench.config import (
+from loaderbench.config.loader import LoaderSettings, failed_checks
+from loaderbench.config.schema import (
     SCHEMAS,
     AugmentConfig,
     BenchConfig,
@@ -31,7 +32,6 @@ from loaderbench.config import (
     TrainLoopConfig,
 )
 from loaderbench.loaders import loader_names, settings_class
-from loaderbench.loaders.settings import LoaderSettings, failed_checks
 from loaderbench.run.records import RUN_CONFIG_FILE
 from loaderbench.run.resume_rules import (
     MAY_DIFFER,
@@ -41,7 +41,7 @@ from loaderbench.run.resume_rules import (
     same_run,
 )
 from loaderbench.run.session import evict_page_cache, prepare_page_cache
-from loaderbench.validation import ConfigError, validate_config
+from loaderbench.run.validation import ConfigError, validate_config
 from tests.conftest import folder_index, loader_folders, run_entry, single_run
 from tests.helpers import compose_cfg
 

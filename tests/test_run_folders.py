@@ -1,4 +1,4 @@
-"""Run folders (loaderbench.run_folders): one reader of a multirun's job folders for the sweep
+"""Run folders (loaderbench.run.folders): one reader of a multirun's job folders for the sweep
 summary and the GPU check's report, which therefore agree on every job; the report is written
 without torch, hydra or omegaconf (and without PyYAML), as where the GPU check's kit did not
 install."""
@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from loaderbench.run_folders import job_dirs, read_jobs
-from loaderbench.sweeps import collect_rows
+from loaderbench.run.folders import job_dirs, read_jobs
+from loaderbench.run.sweeps import collect_rows
 from tests.conftest import REPO
 from tools.gpu_check import report as gpu_report
 

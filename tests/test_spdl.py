@@ -11,16 +11,16 @@ import pytest
 import torch
 from PIL import Image
 
-from loaderbench.buffers import BatchBuffers
-from loaderbench.data import Split
-from loaderbench.images import load_rgb
+from loaderbench.data.discovery import Split
+from loaderbench.imaging.files import load_rgb
+from loaderbench.imaging.spdl import decoders
+from loaderbench.imaging.spdl.geometry import Geometry
+from loaderbench.imaging.spdl.records import Sample
+from loaderbench.imaging.transforms import pil_val_transform
 from loaderbench.loaders import LoaderSpec, build_loader
 from loaderbench.loaders.base import epoch_permutation, shard_indices
-from loaderbench.loaders.spdl import decoders
-from loaderbench.loaders.spdl.geometry import Geometry
 from loaderbench.loaders.spdl.loader import SpdlLoader, epoch_samples
-from loaderbench.loaders.spdl.records import Sample
-from loaderbench.transforms import pil_val_transform
+from loaderbench.platform.buffers import BatchBuffers
 from tests.conftest import cpu_spec, folder_index, read_metrics, run_dirs, run_entry, single_run
 
 # torchvision 0.29 deprecates its codecs (the decoders filter it; pytest resets the filters).

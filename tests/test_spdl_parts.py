@@ -10,11 +10,11 @@ from pathlib import Path
 
 import torch
 
-from loaderbench.loaders.spdl import decoders
-from loaderbench.loaders.spdl.decoders import ffmpeg_filter
-from loaderbench.loaders.spdl.geometry import Geometry, Plan, apply_plan, val_plan, val_region_plan
-from loaderbench.loaders.spdl.records import Opened, Sample
-from loaderbench.transforms import seeded_crops
+from loaderbench.imaging.spdl import decoders
+from loaderbench.imaging.spdl.decoders import ffmpeg_filter
+from loaderbench.imaging.spdl.geometry import Geometry, Plan, apply_plan, val_plan, val_region_plan
+from loaderbench.imaging.spdl.records import Opened, Sample
+from loaderbench.imaging.transforms import seeded_crops
 
 
 def test_val_geometry_is_resize_short_side_then_centre_crop() -> None:
@@ -74,7 +74,7 @@ def test_train_crops_are_seeded_rrc_boxes_of_the_true_sizes() -> None:
 
 
 def test_spdl_settings_refuse_an_unknown_decoder_and_timeout() -> None:
-    from loaderbench.loaders.settings import failed_checks
+    from loaderbench.config.loader import failed_checks
     from loaderbench.loaders.spdl.settings import Settings
 
     assert failed_checks(Settings(name="spdl").checks()) == []
@@ -89,7 +89,7 @@ def test_no_loader_imports_another_loaders_modules() -> None:
     """Each loader package stands alone: what two loaders share (the JPEG backends, the pool
     threads' OpenMP setting) lives outside ``loaderbench.loaders``, so a loader can be changed
     or removed without breaking another (memmap used to import spdl's decoders module)."""
-    loaders = Path(decoders.__file__).parents[1]
+    loaders = Path(decoders.__file__).parents[2] / "loaders"
     reaches = []
     for path in sorted(loaders.glob("*/*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
@@ -104,11 +104,11 @@ def test_no_loader_imports_another_loaders_modules() -> None:
 
 
 def test_the_packages_public_names_are_its_own() -> None:
-    """``loaderbench.loaders.spdl``'s public face holds spdl's own names, each defined by one of
+    """``loaderbench.imaging.spdl``'s public face holds its own names, each defined by one of
     its modules, and nothing passed through from elsewhere (it used to re-export
-    ``loaderbench.threads.serial_torch_in_this_thread``, which every user imports from there)."""
-    import loaderbench.loaders.spdl as spdl
-    from loaderbench.loaders.spdl import geometry, records
+    ``serial_torch_in_this_thread``, which every user imports from ``loaderbench.platform``)."""
+    import loaderbench.imaging.spdl as spdl
+    from loaderbench.imaging.spdl import geometry, records
 
     own = {*records.__all__, *geometry.__all__, *decoders.__all__}
     assert sorted(set(spdl.__all__) - own) == []

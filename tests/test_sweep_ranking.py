@@ -9,7 +9,7 @@ import csv
 import json
 from pathlib import Path
 
-from loaderbench.sweeps import rank_rows, within_spread, write_summary
+from loaderbench.run.sweeps import rank_rows, within_spread, write_summary
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

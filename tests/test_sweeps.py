@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from loaderbench.sweeps import collect_rows, write_summary
-from loaderbench.synthetic import SyntheticSpec, ensure_synthetic
+from loaderbench.data.synthetic import SyntheticSpec, ensure_synthetic
+from loaderbench.run.sweeps import collect_rows, write_summary
 from tests.conftest import run_entry, shared_data_dir
 from tests.helpers import compose_cfg
 from tests.wandb_offline import offline_runs

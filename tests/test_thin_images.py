@@ -11,8 +11,8 @@ import pytest
 import torch
 from PIL import Image
 
+from loaderbench.imaging.spdl.geometry import val_region_plan
 from loaderbench.loaders import build_loader
-from loaderbench.loaders.spdl.geometry import val_region_plan
 from tests.conftest import READERS, cpu_spec, folder_index
 
 SIZE = 32

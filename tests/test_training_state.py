@@ -14,13 +14,13 @@ import pytest
 import torch
 from torch import nn
 
-from loaderbench.engine import TrainStep, blank_batch, train_one_epoch
 from loaderbench.loaders import Batch
-from loaderbench.meters import LoopMeter
+from loaderbench.measure.meters import LoopMeter
+from loaderbench.platform.runtime import PRECISIONS
+from loaderbench.platform.stopping import preemption_noted
 from loaderbench.run.checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from loaderbench.run.fitting import PreemptionCheck, Training, load_training_state, training_state
-from loaderbench.run.stopping import preemption_noted
-from loaderbench.runtime import PRECISIONS
+from loaderbench.training.loops import TrainStep, blank_batch, train_one_epoch
 from tests.test_loops import InMemoryLoader
 
 

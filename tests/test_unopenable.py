@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from loaderbench.data import Split
+from loaderbench.data.discovery import Split
 from loaderbench.loaders import build_loader, file_loader_names
 from tests.conftest import REPO, cpu_spec, folder_index, loader_folders
 

@@ -16,19 +16,19 @@ from omegaconf import DictConfig
 from torch import nn
 
 from loaderbench.autotune import evaluation_workload, settle_num_workers, training_workload
-from loaderbench.config import ModelConfig
-from loaderbench.engine import consume, evaluate
+from loaderbench.config.schema import ModelConfig
 from loaderbench.loaders import Loader
-from loaderbench.metrics import TOP1
-from loaderbench.models import NO_MODEL, build_model, maybe_compile
-from loaderbench.process_tree import CpuWindow
+from loaderbench.measure.metrics import TOP1
+from loaderbench.measure.process_tree import CpuWindow
+from loaderbench.platform.stopping import Preempted, requeue
 from loaderbench.run.autorange import WindowRule, run_passes
 from loaderbench.run.ceiling import job_ceiling
 from loaderbench.run.checkpoint import load_checkpoint
 from loaderbench.run.fitting import evaluation_pass
 from loaderbench.run.fitting import fit as fit_epochs
 from loaderbench.run.session import Session, open_session
-from loaderbench.run.stopping import Preempted, requeue
+from loaderbench.training.loops import consume, evaluate
+from loaderbench.training.models import NO_MODEL, build_model, maybe_compile
 
 log = logging.getLogger(__name__)
 

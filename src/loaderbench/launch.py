@@ -18,7 +18,7 @@ import os
 import signal
 import sys
 
-from loaderbench.run.stopping import PREEMPT_SIGNAL
+from loaderbench.platform.stopping import PREEMPT_SIGNAL
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -7,7 +7,7 @@ cli.py          the command line (__main__.py runs it)
 machine.py      the machine record (env.json)
 decode_bench.py the decoder table: batched JPEG decode, each decoder alone and the loaders'
                 choice (decode.json); decode_rows.py its rows, decode_table.py its section
-report.py       report.md from the sweep folders (read by loaderbench.run_folders), the phases,
+report.py       report.md from the sweep folders (read by loaderbench.run.folders), the phases,
                 the tests, decode.json and env.json
 markdown.py     the report's table writer and cell format
 plan.py         the projected time of the plan gpu_check.sh walks without running it

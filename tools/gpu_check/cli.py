@@ -81,7 +81,7 @@ def record_machine(out: Path, quick: bool) -> int:
 
 
 def make_data(parent: Path, classes: int, train: int, val: int, max_side: int | None) -> int:
-    from loaderbench.synthetic import SyntheticSpec, ensure_synthetic
+    from loaderbench.data.synthetic import SyntheticSpec, ensure_synthetic
 
     spec = SyntheticSpec(
         num_classes=classes, train_per_class=train, val_per_class=val, max_side=max_side

@@ -1,7 +1,8 @@
 """The decoder table (``python -m tools.gpu_check decode ROOT --out JSON --device cuda``; the dry
 run: ``--device cpu`` or ``--dry-run``): the synthetic set's train JPEGs decoded in batches by
 
-* the loaders' choice (``loaderbench.decode.decode_batch``: nvImageCodec's engines in the order
+* the loaders' choice (``loaderbench.imaging.decode.decode_batch``: nvImageCodec's engines in the
+order
   measured for this machine, ``decoded_by`` counting which engine took each image);
 * each nvImageCodec engine alone (hardware JPEG engine, CUDA with GPU Huffman, CUDA with CPU
   Huffman, libjpeg-turbo on the CPU threads), with and without fancy upsampling;
@@ -22,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from loaderbench.metrics import DECODED_BY, IMAGES_PER_S
+from loaderbench.measure.metrics import DECODED_BY, IMAGES_PER_S
 from tools.gpu_check.decode_rows import (
     CHOICE,
     DECODE_BASELINE,
@@ -36,7 +37,7 @@ from tools.gpu_check.decode_rows import (
 if TYPE_CHECKING:  # torch and the decoders load when the phase runs, not on import
     import torch
 
-    from loaderbench.decode import Box, Decoded
+    from loaderbench.imaging.decode import Box, Decoded
 
 __all__ = [
     "CHOICE",
@@ -63,8 +64,8 @@ class DecodeSet:
     def load(cls, root: Path, limit: int, seed: int = 0) -> DecodeSet:
         import torch
 
-        from loaderbench.images import jpeg_header
-        from loaderbench.transforms import seeded_crops
+        from loaderbench.imaging.files import jpeg_header
+        from loaderbench.imaging.transforms import seeded_crops
 
         paths = sorted((root / "train").rglob("*.JPEG"))[:limit]
         if not paths:
@@ -132,7 +133,7 @@ def pillow_difference(
 ) -> dict[str, Any]:
     """Max and mean |difference| from Pillow's pixels (its whole decode, cut to the box for a
     region) over the set's first images."""
-    from loaderbench.decode import cut
+    from loaderbench.imaging.decode import cut
 
     n = len(reference)
     boxes = data.boxes[:n] if region else [None] * n
@@ -200,8 +201,8 @@ def decode_benchmark(
 
     import torch
 
-    from loaderbench import decode
-    from loaderbench.decode import decode_pil
+    from loaderbench.imaging import decode
+    from loaderbench.imaging.decode import decode_pil
 
     result: dict[str, Any] = {"device": device_name, "batch": batch, "seconds": seconds}
     if device_name == "cuda" and not torch.cuda.is_available():
@@ -242,7 +243,7 @@ def decode_benchmark(
 def _engine_order(device: torch.device) -> list[str]:
     """The loaders' nvImageCodec engines on ``device``, first tried first (empty where the
     loaders decode with another library)."""
-    from loaderbench import decode
+    from loaderbench.imaging import decode
 
     backend = decode.chosen(device)
     chain = getattr(backend, "chain", None)

@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import torch
 
-    from loaderbench.decode import Box, Decoded
+    from loaderbench.imaging.decode import Box, Decoded
 
-CHOICE = "loaders' choice"  # loaderbench.decode.decode_batch: what every loader calls
+CHOICE = "loaders' choice"  # loaderbench.imaging.decode.decode_batch: what every loader calls
 DECODE_BASELINE = "torchcodec"  # what the report's ratio column compares with
 KINDS = ("full", "region")
 NV_ENGINES = ("hardware", "cuda", "hybrid", "cpu")
@@ -101,13 +101,13 @@ class ChoiceRow(RowDecoder):
     """What the loaders call, counted by engine as a loader counts it."""
 
     def __init__(self, device: torch.device, threads: int) -> None:
-        from loaderbench import decode
+        from loaderbench.imaging import decode
 
         super().__init__(device, threads)
         self.region = decode.region_decode(device)
 
     def decode(self, datas: list[torch.Tensor], boxes: Sequence[Box | None]) -> list[Decoded]:
-        from loaderbench import decode, decoded_by
+        from loaderbench.imaging import decode, decoded_by
 
         with decoded_by.counting() as counts:
             images = decode.decode_batch(datas, self.device, boxes)
@@ -119,7 +119,7 @@ class LibraryRow(RowDecoder):
     """TorchCodec's or torchvision.io's batched decode (whole images; a box is cut after)."""
 
     def __init__(self, name: str, device: torch.device, threads: int) -> None:
-        from loaderbench import decode
+        from loaderbench.imaging import decode
 
         self.backend = decode.BACKENDS[name]
         try:
@@ -175,7 +175,7 @@ class NvRow(RowDecoder):
 
 
 def _nv_module() -> Any:
-    from loaderbench import decode
+    from loaderbench.imaging import decode
 
     try:
         decode.BACKENDS["nvimgcodec"].load()  # quiet import, EXIF off: as the loaders load it
@@ -188,7 +188,7 @@ def _nv_module() -> Any:
 
 def engine_row(engine_name: str, fancy: bool, device: torch.device, threads: int) -> NvRow:
     """An engine alone; the CPU engine gets the machine's threads (one batch call)."""
-    from loaderbench.decode.engines import ENGINES, make_decoder
+    from loaderbench.imaging.decode.engines import ENGINES, make_decoder
 
     nv, engine = _nv_module(), ENGINES[engine_name]
     if engine.device_type == "cpu":
@@ -207,7 +207,7 @@ def engine_row(engine_name: str, fancy: bool, device: torch.device, threads: int
 def split_row(load: float, adaptive: bool, device: torch.device) -> NvRow:
     """The hardware engine taking ``load`` of each batch (sized on the first call, the full
     batch's: ``time_rows`` warms up with one), the CUDA decoder with GPU Huffman the rest."""
-    from loaderbench.decode.engines import ENGINES
+    from loaderbench.imaging.decode.engines import ENGINES
 
     if device.type != "cuda":
         raise RuntimeError("needs a CUDA device")

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from loaderbench.metrics import DECODED_BY, IMAGES_PER_S
+from loaderbench.measure.metrics import DECODED_BY, IMAGES_PER_S
 from tools.gpu_check.decode_rows import CHOICE, DECODE_BASELINE, cases_for
 from tools.gpu_check.markdown import fmt, short, table
 

@@ -55,9 +55,9 @@ maps = open("/proc/self/maps").read().split()
 nvjpeg = next((p for p in maps if "libnvjpeg.so" in p), "libnvjpeg not loaded")
 print(f"{nv.__version__}, {gpu}, nvjpeg: {nvjpeg}")
 """,
-    "loaderbench.decode": """
+    "loaderbench.imaging.decode": """
 import torch
-from loaderbench import decode
+from loaderbench.imaging import decode
 devices = ["cpu", "cuda"] if torch.cuda.is_available() else ["cpu"]
 print(", ".join(
     f"{d}: {decode.backend(d)}{' (regions)' if decode.region_decode(d) else ''}" for d in devices

@@ -1,11 +1,11 @@
 """The GPU check's report (``python -m tools.gpu_check report --runs DIR --plan PLAN ...``): the
 check's sweep folders as one markdown file, a row a job (its metrics by their catalog names,
-``loaderbench.metrics``: images/s and its share of the model's ceiling, the steady batches it
-rests on, data wait, CPU per image, time to first batch, peak memory), failed and missing jobs
+``loaderbench.measure.metrics``: images/s and its share of the model's ceiling, the steady batches
+it rests on, data wait, CPU per image, time to first batch, peak memory), failed and missing jobs
 included, with the phases' times, the tests, the decode phases' figures and the machine.
 
 Only the standard library (and PyYAML where present) is needed to write it, so it is written
-even where the kit did not install: the job folders are read by ``loaderbench.run_folders``,
+even where the kit did not install: the job folders are read by ``loaderbench.run.folders``,
 which imports neither torch nor hydra.
 """
 
@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from loaderbench.metrics import (
+from loaderbench.measure.metrics import (
     BY_KEY,
     CEILING_FRAC,
     DATA_WAIT_FRAC,
@@ -24,7 +24,7 @@ from loaderbench.metrics import (
     gpu_check_columns,
     report_cell,
 )
-from loaderbench.run_folders import read_jobs
+from loaderbench.run.folders import read_jobs
 from tools.gpu_check.decode_table import decode_lines
 from tools.gpu_check.machine import PACKAGES
 from tools.gpu_check.markdown import fmt, short, table

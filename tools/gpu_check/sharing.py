@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from loaderbench.metrics import IMAGES_PER_S
+from loaderbench.measure.metrics import IMAGES_PER_S
 from tools.gpu_check.markdown import fmt, short, table
 
 # (mode, threads, decoders, images a call): the question's three answers, and smaller calls.

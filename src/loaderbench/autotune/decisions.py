@@ -25,11 +25,11 @@ from typing import Any
 
 import torch
 
-from loaderbench import decode
 from loaderbench.autotune.rung import ProbeRow
-from loaderbench.data import resolve_path
+from loaderbench.data.discovery import resolve_path
+from loaderbench.imaging import decode
 from loaderbench.loaders import LoaderSpec
-from loaderbench.locking import atomic_write_text
+from loaderbench.platform.locking import atomic_write_text
 from loaderbench.run.session import Session
 
 log = logging.getLogger(__name__)
@@ -81,8 +81,8 @@ def library_versions() -> dict[str, str | None]:
 def decoding(spec: LoaderSpec) -> str:
     """What decodes the split's images, as the loader's ``jpeg_backend`` names it: Pillow for
     the torchvision loader and memmap's raw stores (decoded when built), FFmpeg for spdl's
-    ``ffmpeg`` decoder, else the backend ``loaderbench.decode`` picks where the loader decodes
-    (spdl ``turbo``: the CPU; spdl ``nvjpeg`` and memmap's jpeg stores: the run's device). A
+    ``ffmpeg`` decoder, else the backend ``loaderbench.imaging.decode`` picks where the loader
+    decodes (spdl ``turbo``: the CPU; spdl ``nvjpeg`` and memmap's jpeg stores: the run's device). A
     backend that stops working (an upgrade, a missing library) moves that choice, and the
     worker count measured with the old one no longer holds."""
     settings = spec.settings

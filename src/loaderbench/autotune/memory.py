@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 
-from loaderbench.process_tree import ProcessTreeMonitor
+from loaderbench.measure.process_tree import ProcessTreeMonitor
 
 
 @contextlib.contextmanager

@@ -13,9 +13,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from loaderbench.engine import LossStep
 from loaderbench.loaders import Batch
-from loaderbench.runtime import Precision
+from loaderbench.platform.runtime import Precision
+from loaderbench.training.loops import LossStep
 
 
 @dataclass

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from loaderbench.autotune.rung import ProbeRow, pooled
-from loaderbench.loaders.settings import AutotuneSettings
+from loaderbench.config.loader import AutotuneSettings
 
 # A count's row measured, and whether the probe still has time after it.
 Measure = Callable[[int], tuple[ProbeRow, bool]]

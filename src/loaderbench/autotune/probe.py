@@ -12,11 +12,11 @@ from loaderbench.autotune.model_step import random_states_untouched
 from loaderbench.autotune.policy import climb, worker_ladder
 from loaderbench.autotune.rung import ProbeRow, Window, measure_rung, over_ranks, with_workers
 from loaderbench.autotune.workload import Workload
+from loaderbench.config.loader import AutotuneSettings
 from loaderbench.loaders import prepare_loader
-from loaderbench.loaders.settings import AutotuneSettings
-from loaderbench.process_tree import ProcessTreeMonitor
-from loaderbench.run import distributed
-from loaderbench.runtime import set_intra_op_threads
+from loaderbench.measure.process_tree import ProcessTreeMonitor
+from loaderbench.platform import distributed
+from loaderbench.platform.runtime import set_intra_op_threads
 
 log = logging.getLogger(__name__)
 

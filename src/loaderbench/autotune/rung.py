@@ -18,13 +18,13 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from loaderbench.gil_probe import gil_frac
 from loaderbench.loaders import Batch, Loader, LoaderSpec, build_loader
-from loaderbench.meters import LoopMeter
-from loaderbench.metrics import CPU_S_PER_1K_IMAGES, DATA_WAIT_FRAC, IMAGES_PER_S
-from loaderbench.process_tree import ProcessTreeMonitor
-from loaderbench.run import distributed
-from loaderbench.runtime import synchronizer
+from loaderbench.measure.gil_probe import gil_frac
+from loaderbench.measure.meters import LoopMeter
+from loaderbench.measure.metrics import CPU_S_PER_1K_IMAGES, DATA_WAIT_FRAC, IMAGES_PER_S
+from loaderbench.measure.process_tree import ProcessTreeMonitor
+from loaderbench.platform import distributed
+from loaderbench.platform.runtime import synchronizer
 
 # The first epoch the probe reads: far from any run's, so the run's own epochs (their order and
 # crops come from (seed, epoch)) are never the probe's.
@@ -208,7 +208,7 @@ def window_row(meter: LoopMeter, skip: int, cpu_s: float, seconds: float, worker
 
 
 def over_ranks(row: ProbeRow) -> ProbeRow:
-    """A count's figures over every rank, each combined as ``loaderbench.metrics`` declares
+    """A count's figures over every rank, each combined as ``loaderbench.measure.metrics`` declares
     (images/s, images, batches and CPU summed: the job's); the data wait the choice reads is
     ``slowest_rank_data_wait_frac`` (the rank every other waits for), not the mean."""
     mine = {

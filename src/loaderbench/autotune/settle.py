@@ -23,10 +23,10 @@ from loaderbench.autotune.policy import choose
 from loaderbench.autotune.probe import prepare_splits, probe
 from loaderbench.autotune.workload import Workload
 from loaderbench.loaders import LoaderSettings
-from loaderbench.metrics import IMAGES_PER_S
-from loaderbench.run import distributed
+from loaderbench.measure.metrics import IMAGES_PER_S
+from loaderbench.platform import distributed
+from loaderbench.platform.runtime import cpus_allowed, set_intra_op_threads
 from loaderbench.run.session import Session, evict_page_cache
-from loaderbench.runtime import cpus_allowed, set_intra_op_threads
 
 log = logging.getLogger(__name__)
 

@@ -22,8 +22,8 @@ import pkgutil
 from pathlib import Path
 from typing import Any
 
+from loaderbench.config.loader import LoaderSettings, is_worker_count
 from loaderbench.loaders.base import LOADERS, Batch, Loader, LoaderSpec, register_loader
-from loaderbench.loaders.settings import LoaderSettings, is_worker_count
 
 LOADER_PATH_ENV = "LOADERBENCH_LOADER_PATH"
 

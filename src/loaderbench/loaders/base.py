@@ -17,11 +17,11 @@ from typing import Any, NamedTuple
 
 import torch
 
-from loaderbench.data import Split
-from loaderbench.loaders.settings import LoaderSettings
-from loaderbench.metrics import SKIPPED_FILES
-from loaderbench.run.resumed import ResumedEpoch
-from loaderbench.transforms import RRC_RATIO, RRC_SCALE, seeded_crops
+from loaderbench.config.loader import LoaderSettings
+from loaderbench.data.discovery import Split
+from loaderbench.data.resumed import ResumedEpoch
+from loaderbench.imaging.transforms import RRC_RATIO, RRC_SCALE, seeded_crops
+from loaderbench.measure.metrics import SKIPPED_FILES
 
 log = logging.getLogger(__name__)
 

@@ -21,10 +21,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from loaderbench.config import BenchConfig
-from loaderbench.loaders.settings import AUTO
-from loaderbench.meters import LoopMeter
-from loaderbench.run import distributed
+from loaderbench.config.loader import AUTO
+from loaderbench.config.schema import BenchConfig
+from loaderbench.measure.meters import LoopMeter
+from loaderbench.platform import distributed
 
 log = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@ run's kind, built for the copy), with the random streams restored after it, so t
 weights, optimizer state, accuracy and checkpoint are untouched. ``bench.ceiling_batches``
 sets its least steady batches, ``bench.min_window_s`` its least seconds (passes as
 ``run.autorange``'s; 0 batches: no pass, and ``ceiling_frac`` is null and says why). A sweep that
-holds ``loader=resident`` jobs takes the ceiling from them instead (``loaderbench.sweeps``).
+holds ``loader=resident`` jobs takes the ceiling from them instead (``loaderbench.run.sweeps``).
 """
 
 from __future__ import annotations
@@ -21,21 +21,21 @@ from typing import Any
 
 from torch import nn
 
-from loaderbench.engine import TrainStep, evaluate, train_one_epoch
 from loaderbench.loaders import Loader, build_loader, settings_class
-from loaderbench.meters import LoopMeter
-from loaderbench.metrics import (
+from loaderbench.measure.meters import LoopMeter
+from loaderbench.measure.metrics import (
     CEILING_FRAC,
     CEILING_IMAGES_PER_S,
     IMAGES_PER_S,
     ceiling_fraction,
 )
-from loaderbench.models import maybe_compile
-from loaderbench.optim import build_optimizer, build_scheduler
-from loaderbench.run import distributed
+from loaderbench.platform import distributed
 from loaderbench.run.autorange import WindowRule, run_passes
 from loaderbench.run.checkpoint import rng_state, set_rng_state
 from loaderbench.run.session import Session
+from loaderbench.training.loops import TrainStep, evaluate, train_one_epoch
+from loaderbench.training.models import maybe_compile
+from loaderbench.training.optim import build_optimizer, build_scheduler
 
 log = logging.getLogger(__name__)
 

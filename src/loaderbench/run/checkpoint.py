@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from loaderbench.locking import atomic_write
+from loaderbench.platform.locking import atomic_write
 
 # 2: every rank's random state, the GradScaler's, the run's shape. 3: each rank's position in
 # the epoch's order (``ranks[i]["position"]``) beside the steps taken (``batches``). 4: the

@@ -27,12 +27,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from loaderbench.config import RunConfig
+from loaderbench.config.schema import RunConfig
+from loaderbench.data.resumed import ResumedEpoch
 from loaderbench.loaders import LoaderSettings
 from loaderbench.loaders.base import epoch_permutation, training_places
 from loaderbench.run.resume_rules import Resumable, global_batch, saved_ranks
-from loaderbench.run.resumed import ResumedEpoch
-from loaderbench.validation import ConfigError
+from loaderbench.run.validation import ConfigError
 
 log = logging.getLogger(__name__)
 

@@ -12,22 +12,13 @@ from typing import Any, NoReturn
 import torch
 from torch import nn
 
-from loaderbench.config import BenchConfig, RunConfig
-from loaderbench.engine import (
-    EvalCounts,
-    StepLog,
-    TrainStep,
-    blank_batch,
-    evaluate,
-    train_one_epoch,
-)
+from loaderbench.config.schema import BenchConfig, RunConfig
 from loaderbench.loaders import Loader
-from loaderbench.meters import Average, IntervalRates, LoopMeter
-from loaderbench.metrics import TOP1, epoch_curves, rates_text, with_epoch_ranks
-from loaderbench.models import maybe_compile
-from loaderbench.optim import build_optimizer, build_scheduler, load_optimizer_state
-from loaderbench.process_tree import CpuWindow
-from loaderbench.run import distributed
+from loaderbench.measure.meters import Average, IntervalRates, LoopMeter
+from loaderbench.measure.metrics import TOP1, epoch_curves, rates_text, with_epoch_ranks
+from loaderbench.measure.process_tree import CpuWindow
+from loaderbench.platform import distributed
+from loaderbench.platform.stopping import Preempted, preemption_requested
 from loaderbench.run.checkpoint import (
     CHECKPOINT_FILE,
     load_checkpoint,
@@ -44,7 +35,16 @@ from loaderbench.run.elastic import (
 from loaderbench.run.ledger import SampleLedger
 from loaderbench.run.resume_rules import check_resumable, saved_ranks, train_set_signature
 from loaderbench.run.session import Session
-from loaderbench.run.stopping import Preempted, preemption_requested
+from loaderbench.training.loops import (
+    EvalCounts,
+    StepLog,
+    TrainStep,
+    blank_batch,
+    evaluate,
+    train_one_epoch,
+)
+from loaderbench.training.models import maybe_compile
+from loaderbench.training.optim import build_optimizer, build_scheduler, load_optimizer_state
 
 log = logging.getLogger(__name__)
 

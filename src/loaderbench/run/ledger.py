@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from loaderbench.run import distributed
+from loaderbench.platform import distributed
 
 
 class SampleLedger:

@@ -11,14 +11,14 @@ from typing import Any
 
 import torch
 
-from loaderbench.config import RunConfig
-from loaderbench.data import DatasetIndex
+from loaderbench.config.schema import RunConfig
+from loaderbench.data.discovery import DatasetIndex
 from loaderbench.loaders import LoaderSettings
-from loaderbench.locking import atomic_write_text
-from loaderbench.metrics import PEAK_RSS_MB, SKIPPED_FILES
-from loaderbench.process_tree import ProcessTreeMonitor
-from loaderbench.run import distributed
-from loaderbench.runtime import cpus_allowed
+from loaderbench.measure.metrics import PEAK_RSS_MB, SKIPPED_FILES
+from loaderbench.measure.process_tree import ProcessTreeMonitor
+from loaderbench.platform import distributed
+from loaderbench.platform.locking import atomic_write_text
+from loaderbench.platform.runtime import cpus_allowed
 
 METRICS_FILE = "metrics.json"
 # The run's typed config as it ran (``loader.num_workers=auto``: the count chosen).

@@ -32,8 +32,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from loaderbench.config import RunConfig
-from loaderbench.data import Split
+from loaderbench.config.schema import RunConfig
+from loaderbench.data.discovery import Split
 from loaderbench.run.checkpoint import CHECKPOINT_FILE
 
 if TYPE_CHECKING:

@@ -28,15 +28,16 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from loaderbench import __version__
-from loaderbench.config import BenchConfig, DatasetConfig, LoggerConfig, RunConfig
-from loaderbench.crops import CROP_STREAM
-from loaderbench.data import DatasetIndex, discover, resolve_path
-from loaderbench.decoded_by import fallback_warning
-from loaderbench.images import set_max_pixels
+from loaderbench.config.loader import AUTO
+from loaderbench.config.schema import BenchConfig, DatasetConfig, LoggerConfig, RunConfig
+from loaderbench.data.discovery import DatasetIndex, discover, resolve_path
+from loaderbench.data.resumed import ResumedEpoch
+from loaderbench.imaging.crops import CROP_STREAM
+from loaderbench.imaging.decoded_by import fallback_warning
+from loaderbench.imaging.files import set_max_pixels
 from loaderbench.loaders import Loader, LoaderSettings, LoaderSpec, build_loader
-from loaderbench.loaders.settings import AUTO
-from loaderbench.meters import IntervalRates, LoopMeter, loop_metrics
-from loaderbench.metrics import (
+from loaderbench.measure.meters import IntervalRates, LoopMeter, loop_metrics
+from loaderbench.measure.metrics import (
     DECODED_BY,
     PEAK_RSS_MB,
     SKIPPED_FILES,
@@ -44,10 +45,24 @@ from loaderbench.metrics import (
     rank_rows,
     straggler_note,
 )
-from loaderbench.pagecache import evict, files_under
-from loaderbench.process_tree import CpuWindow, ProcessTreeMonitor
-from loaderbench.run import distributed
-from loaderbench.run.distributed import DistInfo
+from loaderbench.measure.process_tree import CpuWindow, ProcessTreeMonitor
+from loaderbench.platform import distributed
+from loaderbench.platform.distributed import DistInfo
+from loaderbench.platform.pagecache import evict, files_under
+from loaderbench.platform.runtime import (
+    Precision,
+    resolve_device,
+    resolve_precision,
+    seed_everything,
+    set_intra_op_threads,
+    synchronizer,
+)
+from loaderbench.platform.stopping import (
+    Preempted,
+    preemption_noted,
+    raise_if_stop_requested,
+    stop_signals_as_interrupt,
+)
 from loaderbench.run.elastic import Continued, fit_to_checkpoint
 from loaderbench.run.records import (
     pinned_host_peak_bytes,
@@ -57,24 +72,9 @@ from loaderbench.run.records import (
     write_run_config,
 )
 from loaderbench.run.resume_rules import Resumable, find_resumable, note_fresh_start
-from loaderbench.run.resumed import ResumedEpoch
-from loaderbench.run.stopping import (
-    Preempted,
-    preemption_noted,
-    raise_if_stop_requested,
-    stop_signals_as_interrupt,
-)
-from loaderbench.runtime import (
-    Precision,
-    resolve_device,
-    resolve_precision,
-    seed_everything,
-    set_intra_op_threads,
-    synchronizer,
-)
-from loaderbench.sweeps import job_name, sweep_group, swept_keys
-from loaderbench.tracking import NullLogger, RunLogger, build_logger
-from loaderbench.validation import validate_against_dataset, validate_config
+from loaderbench.run.sweeps import job_name, sweep_group, swept_keys
+from loaderbench.run.tracking import NullLogger, RunLogger, build_logger
+from loaderbench.run.validation import validate_against_dataset, validate_config
 
 log = logging.getLogger(__name__)
 

@@ -42,14 +42,14 @@ from tensordict import TensorClass
 from torch.utils.data import DataLoader, Dataset
 from tqdm import tqdm
 
-from loaderbench.decoded_by import add as add_counts
-from loaderbench.decoded_by import counting
-from loaderbench.images import load_rgb, read_rgb
+from loaderbench.data.splits import Split
+from loaderbench.imaging.decoded_by import add as add_counts
+from loaderbench.imaging.decoded_by import counting
+from loaderbench.imaging.files import load_rgb, read_rgb
+from loaderbench.imaging.transforms import pil_val_transform
 from loaderbench.loaders.base import stop_workers
 from loaderbench.loaders.memmap.settings import Settings
-from loaderbench.run.stopping import raise_if_stop_requested
-from loaderbench.splits import Split
-from loaderbench.transforms import pil_val_transform
+from loaderbench.platform.stopping import raise_if_stop_requested
 
 # Images a build worker decodes per task: small enough for a lively progress bar.
 BUILD_CHUNK = 16

@@ -44,7 +44,8 @@ from typing import Any
 import PIL
 import torch
 
-from loaderbench.images import max_pixels
+from loaderbench.data.splits import SPLITS, Split
+from loaderbench.imaging.files import max_pixels
 from loaderbench.loaders.memmap.build import (
     BuildJob,
     CacheChanged,
@@ -56,10 +57,9 @@ from loaderbench.loaders.memmap.build import (
 )
 from loaderbench.loaders.memmap.store_jpeg import JpegCache, JpegStore
 from loaderbench.loaders.memmap.store_raw import ImageCache, RawStore
-from loaderbench.locking import FileLock, LockKindError, SharedHold, atomic_write_text
-from loaderbench.metrics import DECODED_BY
-from loaderbench.run.stopping import critical_section
-from loaderbench.splits import SPLITS, Split
+from loaderbench.measure.metrics import DECODED_BY
+from loaderbench.platform.locking import FileLock, LockKindError, SharedHold, atomic_write_text
+from loaderbench.platform.stopping import critical_section
 
 log = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 
 import torch
 
-from loaderbench.decode import BatchJpegDecoder, CudaJpegDecoder, require_cuda
+from loaderbench.imaging.decode import BatchJpegDecoder, CudaJpegDecoder, require_cuda
 
 
 class ThreadStreams:
@@ -45,7 +45,8 @@ class ThreadStreams:
         """This thread's decoder: a ``CudaJpegDecoder`` of its own, with its own stream (not the
         device's shared one and its lock), created on first use. Whether that feeds the
         hardware engine faster than one shared decoder is the GPU check's ``sharing`` phase's
-        question (the backend's own decode call may still take turns: ``loaderbench.decode``)."""
+        question (the backend's own decode call may still take turns:
+        ``loaderbench.imaging.decode``)."""
         decoder = getattr(self._local, "decoder", None)
         if decoder is None:
             if self.device.type == "cuda":

@@ -33,7 +33,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from loaderbench.data import resolve_path
+from loaderbench.data.discovery import resolve_path
 from loaderbench.loaders.memmap.cache import (
     BUILD_FOLDER,
     CACHE_NAME,
@@ -42,7 +42,7 @@ from loaderbench.loaders.memmap.cache import (
     in_use_file,
     is_complete,
 )
-from loaderbench.locking import try_exclusive
+from loaderbench.platform.locking import try_exclusive
 
 
 @dataclass(frozen=True)

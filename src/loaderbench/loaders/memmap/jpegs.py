@@ -12,12 +12,12 @@ from dataclasses import dataclass
 
 import torch
 
-from loaderbench.decode import CPU, Box, Decoded, backend, decode_batch, region_decode
-from loaderbench.decoded_by import counting
-from loaderbench.device_resize import resize_images
+from loaderbench.imaging.decode import CPU, Box, Decoded, backend, decode_batch, region_decode
+from loaderbench.imaging.decoded_by import counting
+from loaderbench.imaging.device_resize import resize_images
+from loaderbench.imaging.transforms import resized_crop_images
 from loaderbench.loaders.memmap.parts import BatchParts, Gathered
 from loaderbench.loaders.memmap.store_jpeg import JpegCache
-from loaderbench.transforms import resized_crop_images
 
 
 def _regions(boxes: torch.Tensor | None, count: int) -> list[Box | None]:

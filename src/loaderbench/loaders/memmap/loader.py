@@ -20,10 +20,10 @@ from typing import Any, Protocol
 
 import torch
 
-from loaderbench.batch_resize import warm_up
-from loaderbench.data import resolve_path
-from loaderbench.decode import hand_over
-from loaderbench.decoded_by import add as add_counts
+from loaderbench.data.discovery import resolve_path
+from loaderbench.imaging.batch_resize import warm_up
+from loaderbench.imaging.decode import hand_over
+from loaderbench.imaging.decoded_by import add as add_counts
 from loaderbench.loaders.base import Batch, Loader, LoaderSpec, register_loader
 from loaderbench.loaders.memmap.build import StorePolicy
 from loaderbench.loaders.memmap.cache import OpenedCache, ensure_cache
@@ -34,7 +34,7 @@ from loaderbench.loaders.memmap.reading import ReadingThreads
 from loaderbench.loaders.memmap.rows import CroppedRows, GatheredRows, RowsOnDevice
 from loaderbench.loaders.memmap.settings import Settings
 from loaderbench.loaders.memmap.store_jpeg import JpegCache
-from loaderbench.metrics import DECODED_BY
+from loaderbench.measure.metrics import DECODED_BY
 
 
 class StoreBatches(Protocol):

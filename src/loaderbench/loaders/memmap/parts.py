@@ -9,9 +9,9 @@ from typing import Any
 
 import torch
 
-from loaderbench.buffers import BufferPool, pool_stats
 from loaderbench.loaders.base import LoaderSpec
 from loaderbench.loaders.memmap.device_work import ThreadStreams
+from loaderbench.platform.buffers import BufferPool, pool_stats
 
 
 @dataclass

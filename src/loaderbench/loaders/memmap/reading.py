@@ -20,7 +20,7 @@ from typing import Generic, TypeVar
 
 import torch
 
-from loaderbench.threads import serial_torch_in_this_thread
+from loaderbench.platform.threads import serial_torch_in_this_thread
 
 T = TypeVar("T")
 Job = tuple[torch.Tensor, "Future[T]"]

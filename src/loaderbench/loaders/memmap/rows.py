@@ -11,10 +11,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from loaderbench.device_resize import resize_boxes
+from loaderbench.imaging.device_resize import resize_boxes
+from loaderbench.imaging.transforms import crop_resize_flip_rows
 from loaderbench.loaders.memmap.parts import BatchParts, Gathered
 from loaderbench.loaders.memmap.store_raw import ImageCache
-from loaderbench.transforms import crop_resize_flip_rows
 
 
 class _RawRows:

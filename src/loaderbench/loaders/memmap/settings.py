@@ -7,7 +7,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from loaderbench.loaders.settings import Check, LoaderSettings
+from loaderbench.config.loader import Check, LoaderSettings
 
 STORES = ("raw", "jpeg")
 

@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 from tensordict import MemoryMappedTensor, TensorClass
 
+from loaderbench.data.splits import Split
 from loaderbench.loaders.memmap.build import (
     BuildChunks,
     BuildJob,
@@ -22,7 +23,6 @@ from loaderbench.loaders.memmap.build import (
     reserve_space,
     run_chunks,
 )
-from loaderbench.splits import Split
 
 
 class ImageCache(TensorClass):

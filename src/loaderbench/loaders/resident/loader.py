@@ -16,7 +16,7 @@ from collections.abc import Iterator
 import torch
 
 from loaderbench.loaders.base import Batch, Loader, LoaderSpec, register_loader
-from loaderbench.metrics import DECODED_BY
+from loaderbench.measure.metrics import DECODED_BY
 
 # The noise's own stream: building the loader draws nothing from torch's global RNG.
 NOISE_SEED = 20261204

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from loaderbench.loaders.settings import LoaderSettings
+from loaderbench.config.loader import LoaderSettings
 
 
 @dataclass

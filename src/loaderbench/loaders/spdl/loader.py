@@ -8,7 +8,7 @@ One SPDL pipeline, all in this process (no worker processes):
     decode     ``loader.num_workers`` batches at once in a pool of as many threads, each
                decoded straight into one contiguous uint8 NCHW batch (turbo: in one call
                a batch that holds no GIL; the others image by image) and its
-               int64 labels, taken from a bounded pool of buffers (``loaderbench.buffers``;
+               int64 labels, taken from a bounded pool of buffers (``loaderbench.platform.buffers``;
                pinned on CUDA runs); nvjpeg: the files read, not yet decoded
     device     CUDA runs, one thread: a CPU decoder's batch copied on a side stream; nvjpeg's
                decoded in one batched nvJPEG call and finished on the GPU. The main loop's
@@ -23,7 +23,7 @@ made the decode threads wait for the GIL and cut throughput by a third, and an `
 stage alone took ~0.3 ms of CPU per image; one item per batch makes both vanish. The decode
 stage keeps input order (``output_order="input"``), so a batch holds the same images as the
 torchvision loader's for the same seed and epoch: runs are reproducible and the loaders
-comparable. The decoders (``loader.decoder``) live in ``loaderbench.loaders.spdl.decoders``.
+comparable. The decoders (``loader.decoder``) live in ``loaderbench.imaging.spdl.decoders``.
 
 The pipeline lives for the run (``loader.persistent=true``, like DataLoader's persistent
 workers): its source is continuous, so building and starting threads is paid once and the next
@@ -56,24 +56,23 @@ from spdl.pipeline import (
     PipelineBuilder,
 )
 
-from loaderbench.buffers import BatchBuffers
-from loaderbench.decode import hand_over
-from loaderbench.decoded_by import add as add_counts
-from loaderbench.decoded_by import counting
-from loaderbench.loaders.base import (
-    Batch,
-    Loader,
-    LoaderSpec,
-    register_loader,
-)
-from loaderbench.loaders.spdl.decoders import ImageDecoder, build_decoder
-from loaderbench.loaders.spdl.geometry import Geometry
-from loaderbench.loaders.spdl.records import (
+from loaderbench.imaging.decode import hand_over
+from loaderbench.imaging.decoded_by import add as add_counts
+from loaderbench.imaging.decoded_by import counting
+from loaderbench.imaging.spdl.decoders import ImageDecoder, build_decoder
+from loaderbench.imaging.spdl.geometry import Geometry
+from loaderbench.imaging.spdl.records import (
     DecodedBatch,
     Failure,
     Sample,
     delivered,
     row_indices,
+)
+from loaderbench.loaders.base import (
+    Batch,
+    Loader,
+    LoaderSpec,
+    register_loader,
 )
 from loaderbench.loaders.spdl.settings import Settings
 from loaderbench.loaders.spdl.stats import (
@@ -81,8 +80,9 @@ from loaderbench.loaders.spdl.stats import (
     recording_hooks,
     recording_queue_class,
 )
-from loaderbench.metrics import DECODED_BY
-from loaderbench.threads import serial_torch_in_this_thread
+from loaderbench.measure.metrics import DECODED_BY
+from loaderbench.platform.buffers import BatchBuffers
+from loaderbench.platform.threads import serial_torch_in_this_thread
 
 log = logging.getLogger(__name__)
 

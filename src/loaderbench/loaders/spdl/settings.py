@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from loaderbench.loaders.settings import Check, LoaderSettings
+from loaderbench.config.loader import Check, LoaderSettings
 
 
 @dataclass
@@ -35,7 +35,7 @@ class Settings(LoaderSettings):
         return ("decode", "region") if train else ("decode", "pool")
 
     def checks(self) -> list[Check]:
-        from loaderbench.loaders.spdl.decoders import DECODERS  # the registry; spdl not loaded
+        from loaderbench.imaging.spdl.decoders import DECODERS  # the registry; spdl not loaded
 
         timeout = self.timeout_s
         return [

@@ -20,10 +20,11 @@ import torch
 from PIL import Image
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from loaderbench.data import Split
-from loaderbench.decoded_by import add as add_counts
-from loaderbench.decoded_by import counting
-from loaderbench.images import load_rgb
+from loaderbench.data.discovery import Split
+from loaderbench.imaging.decoded_by import add as add_counts
+from loaderbench.imaging.decoded_by import counting
+from loaderbench.imaging.files import load_rgb
+from loaderbench.imaging.transforms import PilTrainTransform, pil_val_transform
 from loaderbench.loaders.base import (
     Batch,
     Loader,
@@ -33,8 +34,7 @@ from loaderbench.loaders.base import (
     to_device,
 )
 from loaderbench.loaders.torchvision.settings import Settings
-from loaderbench.metrics import DECODED_BY
-from loaderbench.transforms import PilTrainTransform, pil_val_transform
+from loaderbench.measure.metrics import DECODED_BY
 
 # (image, index, epoch) -> uint8 CHW
 ImageTransform = Callable[[Image.Image, int, int], torch.Tensor]
@@ -92,7 +92,7 @@ class ImageFileDataset(Dataset):
 
 
 class CountedItems(list):
-    """A batch's items, how many images each library decoded (``loaderbench.decoded_by``)
+    """A batch's items, how many images each library decoded (``loaderbench.imaging.decoded_by``)
     and the dataset indices they were read for."""
 
     decoded_by: dict[str, int] | None = None

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from loaderbench.loaders.settings import Check, LoaderSettings
+from loaderbench.config.loader import Check, LoaderSettings
 
 
 @dataclass

@@ -1,0 +1,165 @@
+"""The keys every loader shares (``loader.*``), typed, with their defaults and range checks.
+
+Each loader's package adds its own keys in ``<loader>/settings.py`` (a subclass named
+``Settings``); Hydra composes ``conf/loader/<loader>.yaml`` against it, and the run turns the
+composed node into that object once (``loaderbench.run.validation``), so a loader receives its
+settings whole and typed, never re-applies a default and never re-checks a range.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from omegaconf import MISSING
+
+Check = tuple[bool, str, object]  # (holds, "key must be ...", the value)
+
+
+def failed_checks(checks: Iterable[Check]) -> list[str]:
+    """``"<rule>, got <value>"`` for every check that does not hold."""
+    return [f"{rule}, got {value!r}" for holds, rule, value in checks if not holds]
+
+
+# ``loader.num_workers=auto``: the probe (``loaderbench.autotune``) picks the count.
+AUTO = "auto"
+
+
+def is_worker_count(value: object) -> bool:
+    """A count of workers: an int >= 0 (a bool is not one)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+@dataclass
+class AutotuneSettings:
+    """``loader.autotune.*``: how ``loader.num_workers=auto`` probes (``loaderbench.autotune``)."""
+
+    # Probe again instead of reusing the choice remembered for the same machine and run.
+    refresh: bool = False
+    # Choose the fewest workers whose images/s is at least (1 - tolerance) x the best seen, or
+    # whose loop waited at most tolerance / (1 + tolerance) of its time for data (fed).
+    tolerance: float = 0.05
+    # Climb to the next count only while the last one beat the best before it by more than this.
+    gain: float = 0.05
+    # Each count's measured window (after its loader's head start): at least this many seconds
+    # and batches, and whole rounds of the workers, two at least (autotune.rung.measure_rung).
+    window_s: float = 1.5
+    min_batches: int = 4
+    # No count is started after this many seconds of probing.
+    max_probe_s: float = 60.0
+    # Counts within this fraction of the best rate (two or more) are measured a second time and
+    # chosen on both windows pooled; 0: never.
+    confirm_within: float = 0.10
+
+    def checks(self) -> list[Check]:
+        finite = math.isfinite
+        return [
+            (
+                finite(self.tolerance) and 0 <= self.tolerance < 1,
+                "loader.autotune.tolerance must be >= 0 and < 1",
+                self.tolerance,
+            ),
+            (
+                finite(self.gain) and self.gain >= 0,
+                "loader.autotune.gain must be >= 0",
+                self.gain,
+            ),
+            (
+                finite(self.window_s) and self.window_s > 0,
+                "loader.autotune.window_s must be > 0",
+                self.window_s,
+            ),
+            (self.min_batches >= 1, "loader.autotune.min_batches must be >= 1", self.min_batches),
+            (
+                finite(self.confirm_within) and 0 <= self.confirm_within < 1,
+                "loader.autotune.confirm_within must be >= 0 and < 1",
+                self.confirm_within,
+            ),
+            (
+                finite(self.max_probe_s) and self.max_probe_s > 0,
+                "loader.autotune.max_probe_s must be > 0",
+                self.max_probe_s,
+            ),
+        ]
+
+
+@dataclass
+class LoaderSettings:
+    name: str = MISSING
+    batch_size: int = 32
+    # The parallelism a sweep turns; what a worker is depends on the loader (docs/loaders.md: "What
+    # num_workers and prefetch mean"): processes (torchvision), decode threads (spdl), reading
+    # threads and cache-build processes (memmap). 0: everything in the main thread. "auto": the
+    # fewest that keep the run fed, probed before its first epoch (``loaderbench.autotune``).
+    # Typed Any because OmegaConf 2.3 has no union of int and str; ``checks`` allows those two,
+    # and a loader only ever gets an int (``build_loader`` refuses "auto").
+    num_workers: Any = 2
+    # Batches in flight or ready ahead of the main loop, in total over the workers (each
+    # loader keeps at least one per worker busy).
+    prefetch: int = 4
+    # On CUDA: gather or decode into pinned host memory, copy without blocking.
+    pin_memory: bool = True
+    autotune: AutotuneSettings = field(default_factory=AutotuneSettings)
+
+    @property
+    def auto_workers(self) -> bool:
+        return self.num_workers == AUTO
+
+    @classmethod
+    def folder_keys(cls) -> tuple[str, ...]:
+        """The keys of this loader's settings (``loader.<key>``) that name a folder on disk it
+        keeps files in between runs (memmap: ``cache_dir``), whatever they are called: the one
+        declaration ``folders`` and the tests (which point each elsewhere) read. None by
+        default."""
+        return ()
+
+    def folders(self) -> tuple[str, ...]:
+        """The folders of ``folder_keys``, as configured (relative to the directory the command
+        runs from): evicted with the images for a cold run (``bench.drop_page_cache``), where a
+        remembered ``num_workers=auto`` choice is kept, what housekeeping looks after."""
+        return tuple(getattr(self, key) for key in self.folder_keys())
+
+    @classmethod
+    def contract_variants(cls) -> list[dict[str, Any]]:
+        """Each way this loader runs on the CPU, as overrides of its keys: the loader contract
+        (tests/test_loader_contract.py) runs every one. One, its defaults, unless it has more."""
+        return [{}]
+
+    @classmethod
+    def reads_files(cls) -> bool:
+        """Whether this loader reads the data set's image files (every loader but
+        ``resident``, which serves a batch made once): the tests about files and pixels, and
+        the benchmark's loader rows, take the loaders that do (``file_loader_names``)."""
+        return True
+
+    @classmethod
+    def contract_exemptions(cls) -> dict[str, str]:
+        """Clauses of the loader contract (tests/test_loader_contract.py) that cannot hold
+        for this loader by design -> why; the suite names each exemption where it applies.
+        None by default."""
+        return {}
+
+    def work_bounds(self, train: bool) -> tuple[str, ...]:
+        """What bounds this loader's work per image on the train (else val) pipeline, so that
+        the benchmark holds its rows to the limit of the same work: first one of "decode"
+        (decoding and resizing whole JPEGs), "copy" (copying stored pixels) or "crop" (cutting,
+        resizing and flipping stored pixels); then any further yardsticks: "pool" (a plain
+        thread pool of the decode limit's own decoder), "region" (decoding only each train
+        crop's region). Decoding every image, unless a loader says otherwise."""
+        return ("decode",)
+
+    def checks(self) -> list[Check]:
+        """Range checks of this loader's keys; subclasses add theirs."""
+        workers = self.num_workers
+        return [
+            (self.batch_size >= 1, "loader.batch_size must be >= 1", self.batch_size),
+            (
+                is_worker_count(workers) or workers == AUTO,
+                f"loader.num_workers must be an integer >= 0 or {AUTO!r}",
+                workers,
+            ),
+            (self.prefetch >= 1, "loader.prefetch must be >= 1", self.prefetch),
+            *self.autotune.checks(),
+        ]

@@ -1,0 +1,135 @@
+"""Batched decoding: one call decodes a batch and finishes it, on the CPU (where the loaders'
+batch logic is tested) or on a GPU.
+
+``CudaJpegDecoder.for_device(device)`` is the device's one decoder: one batched nvJPEG call
+per batch (with regions where the backend decodes them), from one place at a time (a lock),
+on the decoder's own stream. The ordering that keeps its output whole:
+
+* before each call the host waits for the decoder's stream (only the previous batch's decode
+  and crops, never the model's work): nvJPEG's hardware engine writes its output without
+  waiting for work queued on the stream, so a block freed there and handed out again by the
+  caching allocator could still be read by a queued kernel (torchvision's batched decoder
+  corrupts images this way on H100s, pytorch/vision#9606; TorchCodec orders its own call but
+  not our crops after it). nvImageCodec's images live in its own allocations: each batch's
+  are kept until that wait, so none is freed while a crop queued on the stream reads it;
+* the batch is finished (cropped, resized, stacked) on that stream, then an event is recorded;
+  the consumer's stream waits for the event and the batch's tensors are recorded on the
+  consumer's stream (``hand_over``), so the allocator does not reuse them while the model
+  reads them.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from typing import TypeVar
+
+import torch
+
+from loaderbench.imaging.decode.base import Box, Decoded
+from loaderbench.imaging.decode.choice import decode_batch
+
+T = TypeVar("T")
+
+
+def require_cuda(device: torch.device, what: str) -> None:
+    """Fail at once, with the reason, where the GPU a decoder needs is missing."""
+    if not torch.cuda.is_available():
+        raise RuntimeError(
+            f"{what} decodes JPEGs on the GPU (nvJPEG), but no CUDA device is available "
+            f"here; use loader.decoder=turbo or loader.decoder=ffmpeg on this machine"
+        )
+    if device.type != "cuda":
+        raise RuntimeError(
+            f"{what} decodes on the GPU, but the run's device is {device}; "
+            f"set device=cuda (or device=auto) or choose loader.decoder=turbo"
+        )
+
+
+class BatchJpegDecoder:
+    """Decodes a batch of JPEGs in one call and finishes it, on the CPU (where the loaders'
+    batch logic is tested) or, as ``CudaJpegDecoder``, on a GPU."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+
+    def run(
+        self,
+        datas: Sequence[torch.Tensor],
+        finish: Callable[[list[Decoded]], T],
+        boxes: Sequence[Box | None] | None = None,
+        *,
+        admitted: bool = False,
+    ) -> tuple[T, torch.cuda.Event | None]:
+        """Decode ``datas`` (each only its box, where given) in one call and ``finish`` the
+        images (crop, resize, stack); returns what ``finish`` made and the event after which
+        it is ready (None: now). ``admitted``: JPEGs this project encoded
+        (``JpegBackend.decode``)."""
+        result, _ = self._decode_and_finish(datas, finish, boxes, admitted)
+        return result, None
+
+    def _decode_and_finish(
+        self,
+        datas: Sequence[torch.Tensor],
+        finish: Callable[[list[Decoded]], T],
+        boxes: Sequence[Box | None] | None,
+        admitted: bool = False,
+    ) -> tuple[T, list[Decoded]]:
+        decoded = decode_batch(datas, self.device, boxes, admitted=admitted) if datas else []
+        return finish(decoded), decoded
+
+
+class CudaJpegDecoder(BatchJpegDecoder):
+    """The device's one batched nvJPEG decoder (see this module's notes on stream order)."""
+
+    _instances: dict[torch.device, CudaJpegDecoder] = {}
+    _instances_lock = threading.Lock()
+
+    def __init__(self, device: torch.device) -> None:
+        super().__init__(device)
+        self.stream = torch.cuda.Stream(device)
+        self._lock = threading.Lock()
+        self._in_flight: list[Decoded] = []  # the last batch's images, until its work is done
+
+    @classmethod
+    def for_device(cls, device: torch.device) -> CudaJpegDecoder:
+        require_cuda(device, "loader.decoder=nvjpeg")
+        with cls._instances_lock:
+            if device not in cls._instances:
+                cls._instances[device] = cls(device)
+            return cls._instances[device]
+
+    def run(
+        self,
+        datas: Sequence[torch.Tensor],
+        finish: Callable[[list[Decoded]], T],
+        boxes: Sequence[Box | None] | None = None,
+        *,
+        admitted: bool = False,
+    ) -> tuple[T, torch.cuda.Event | None]:
+        with self._lock:
+            self.stream.synchronize()  # nvJPEG's hardware path is not ordered with the stream
+            self._in_flight = []  # their crops are done: their memory may go
+            with torch.cuda.stream(self.stream):
+                result, self._in_flight = self._decode_and_finish(datas, finish, boxes, admitted)
+                ready = torch.cuda.Event()
+                ready.record(self.stream)
+        return result, ready
+
+
+def batch_decoder(device: torch.device) -> BatchJpegDecoder:
+    """The batched decoder for ``device``: the GPU's one nvJPEG decoder, or a CPU one."""
+    if device.type == "cuda":
+        return CudaJpegDecoder.for_device(device)
+    return BatchJpegDecoder(device)
+
+
+def hand_over(ready: torch.cuda.Event | None, *tensors: torch.Tensor) -> None:
+    """Make tensors made on a side stream safe to use on the current one: it waits for
+    ``ready``, and the allocator keeps their memory until the current stream is done."""
+    if ready is None or not tensors or not tensors[0].is_cuda:
+        return
+    stream = torch.cuda.current_stream(tensors[0].device)
+    stream.wait_event(ready)
+    for tensor in tensors:
+        tensor.record_stream(stream)
