@@ -49,7 +49,8 @@ data: install ## the generated data set (data/)
 TEST_WORKERS ?= 2
 BYTECODE = $(PY) -m compileall -q -j 0 src tests tools train.py eval.py
 PYTEST = $(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup --max-worker-restart=0 -ra
-test: install ## the whole suite (slow tests too), as users run the product; its 25 slowest
+test: install ## the layers checked, then the whole suite (slow tests too); its 25 slowest
+	$(VENV)/bin/lint-imports --no-cache
 	$(BYTECODE)
 	$(PYTEST) --durations=25 $(ARGS)
 
@@ -68,9 +69,10 @@ $(FD_SHIM): tests/fd_audit/closeshim.c
 test-audit: install $(FD_SHIM) ## the suite under the file-descriptor audit (finds a stray close)
 	FD_AUDIT_DIR=$$(mktemp -d) FD_AUDIT_STRICT=1 LD_PRELOAD=$(abspath $(FD_SHIM)) $(PYTEST) $(ARGS)
 
-lint: install ## ruff check and format check
+lint: install ## ruff check and format check; the layers and the loaders' independence (import-linter)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/lint-imports --no-cache
 
 format: install ## ruff fix and format
 	$(VENV)/bin/ruff check --fix .

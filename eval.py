@@ -6,7 +6,7 @@
 import hydra
 from omegaconf import DictConfig
 
-import loaderbench.config.schema  # noqa: F401  (registers the config schemas)
+import loaderbench.run.compose  # noqa: F401  (registers the config schemas)
 from loaderbench.app import evaluate_checkpoint, run_job
 
 

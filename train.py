@@ -7,7 +7,7 @@ benchmark. See README.md and conf/train.yaml.
 import hydra
 from omegaconf import DictConfig
 
-import loaderbench.config.schema  # noqa: F401  (registers the config schemas)
+import loaderbench.run.compose  # noqa: F401  (registers the config schemas)
 from loaderbench.app import run_job, train
 
 

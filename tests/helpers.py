@@ -43,7 +43,7 @@ def compose_cfg(config: str, overrides: list[str]) -> Any:
     """The repo's ``config`` (train or eval) composed with ``overrides``, as Hydra would."""
     from hydra import compose, initialize_config_dir
 
-    import loaderbench.config.schema  # noqa: F401  (registers the schemas the YAML files extend)
+    import loaderbench.run.compose  # noqa: F401  (registers the schemas the YAML files extend)
 
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         return compose(config, overrides=overrides, return_hydra_config=False)

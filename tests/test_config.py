@@ -6,8 +6,8 @@ import pytest
 from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
-from loaderbench.config.schema import NAMED_MODELS
 from loaderbench.loaders import loader_names, settings_class
+from loaderbench.run.compose import NAMED_MODELS
 from loaderbench.run.validation import ConfigError, validate_config
 from tests.helpers import CONF, compose_cfg
 

@@ -16,8 +16,9 @@ from PIL import Image
 
 from loaderbench.imaging import decode, decoded_by
 from loaderbench.imaging.decode import BACKENDS, JpegBackend, cpu_batch, decode_pil
+from loaderbench.imaging.plans import apply_plan
 from loaderbench.imaging.spdl.decoders import TurboDecoder
-from loaderbench.imaging.spdl.geometry import Geometry, apply_plan
+from loaderbench.imaging.spdl.geometry import Geometry
 from loaderbench.imaging.spdl.records import Opened, Sample
 from loaderbench.imaging.transforms import resized_crop_images
 from loaderbench.loaders import build_loader

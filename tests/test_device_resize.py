@@ -14,7 +14,7 @@ import torch
 from PIL import Image
 
 from loaderbench.imaging.device_resize import axis_weights, resize_boxes, resize_images
-from loaderbench.imaging.spdl.geometry import apply_plan, val_region_plan
+from loaderbench.imaging.plans import apply_plan, val_region_plan
 from loaderbench.imaging.transforms import crop_resize_flip_batch, resize_uint8, seeded_crops
 
 PHOTOS = Path("/work/photos/train")

@@ -15,6 +15,7 @@ import pytest
 from loaderbench import loaders
 from loaderbench.measure import metrics
 from loaderbench.measure.meters import LoopMeter, loop_metrics
+from loaderbench.measure.ranks import reduce_loop_metrics
 from loaderbench.platform import distributed
 from loaderbench.run import sweeps
 from tests.conftest import REPO, free_ports
@@ -39,7 +40,7 @@ def combine_on_rank(rank: int, port: int, out: str) -> None:
 
     distributed.init(info, torch.device("cpu"), timeout_s=60)
     try:
-        combined = distributed.reduce_loop_metrics(RANK_METRICS[rank], 2)
+        combined = reduce_loop_metrics(RANK_METRICS[rank], 2)
         (Path(out) / f"rank{rank}.json").write_text(json.dumps(combined))
     finally:
         distributed.shutdown(failed=False)

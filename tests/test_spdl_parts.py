@@ -6,13 +6,16 @@ settings that name the decoder, and that no other loader reaches into its module
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
+import pytest
 import torch
 
+from loaderbench.imaging.plans import Plan, apply_plan, val_plan, val_region_plan
 from loaderbench.imaging.spdl import decoders
 from loaderbench.imaging.spdl.decoders import ffmpeg_filter
-from loaderbench.imaging.spdl.geometry import Geometry, Plan, apply_plan, val_plan, val_region_plan
+from loaderbench.imaging.spdl.geometry import Geometry
 from loaderbench.imaging.spdl.records import Opened, Sample
 from loaderbench.imaging.transforms import seeded_crops
 
@@ -74,15 +77,16 @@ def test_train_crops_are_seeded_rrc_boxes_of_the_true_sizes() -> None:
 
 
 def test_spdl_settings_refuse_an_unknown_decoder_and_timeout() -> None:
-    from loaderbench.config.loader import failed_checks
+    from loaderbench.config.checks import ConfigError
     from loaderbench.loaders.spdl.settings import Settings
 
-    assert failed_checks(Settings(name="spdl").checks()) == []
-    problems = failed_checks(Settings(name="spdl", decoder="nope", timeout_s=0.0).checks())
-    assert problems == [
-        "loader.decoder must be one of ['ffmpeg', 'nvjpeg', 'turbo'], got 'nope'",
-        "loader.timeout_s must be > 0 (finite) or null, got 0.0",
-    ]
+    assert Settings(name="spdl").decoder == "turbo"
+    unknown = "loader.decoder must be one of ['ffmpeg', 'nvjpeg', 'turbo'], got 'nope'"
+    with pytest.raises(ConfigError, match=re.escape(unknown)):
+        Settings(name="spdl", decoder="nope")
+    never = "loader.timeout_s must be > 0 (finite) or null, got 0.0"
+    with pytest.raises(ConfigError, match=re.escape(never)):
+        Settings(name="spdl", timeout_s=0.0)
 
 
 def test_no_loader_imports_another_loaders_modules() -> None:

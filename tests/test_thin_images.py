@@ -11,7 +11,7 @@ import pytest
 import torch
 from PIL import Image
 
-from loaderbench.imaging.spdl.geometry import val_region_plan
+from loaderbench.imaging.plans import val_region_plan
 from loaderbench.loaders import build_loader
 from tests.conftest import READERS, cpu_spec, folder_index
 

@@ -27,8 +27,9 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from loaderbench.imaging.device_resize import resize_images
+from loaderbench.imaging.plans import Plan, apply_plan, plan_table
 from loaderbench.imaging.spdl.decoders import open_file
-from loaderbench.imaging.spdl.geometry import Geometry, Plan, apply_plan, plan_table
+from loaderbench.imaging.spdl.geometry import Geometry
 from loaderbench.imaging.spdl.records import Sample
 
 BATCH = 256

@@ -206,13 +206,8 @@ def train_candidates(
     decoding only the box (``turbo-region``, where the CPU's JPEG backend decodes regions) or
     the whole image, then cutting the box (``turbo-whole``)."""
     from loaderbench.imaging import decode
-    from loaderbench.imaging.spdl import (
-        Geometry,
-        Sample,
-        TurboDecoder,
-        apply_plan,
-        is_encoded,
-    )
+    from loaderbench.imaging.plans import apply_plan
+    from loaderbench.imaging.spdl import Geometry, Sample, TurboDecoder, is_encoded
 
     decoder = TurboDecoder(Geometry(image_size, train=True, seed=seed, scale=scale), CPU)
     index = {path: i for i, path in enumerate(paths)}

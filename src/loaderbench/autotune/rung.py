@@ -23,6 +23,7 @@ from loaderbench.measure.gil_probe import gil_frac
 from loaderbench.measure.meters import LoopMeter
 from loaderbench.measure.metrics import CPU_S_PER_1K_IMAGES, DATA_WAIT_FRAC, IMAGES_PER_S
 from loaderbench.measure.process_tree import ProcessTreeMonitor
+from loaderbench.measure.ranks import reduce_loop_metrics
 from loaderbench.platform import distributed
 from loaderbench.platform.runtime import synchronizer
 
@@ -220,7 +221,7 @@ def over_ranks(row: ProbeRow) -> ProbeRow:
         DATA_WAIT_FRAC: row.data_wait_frac,
         "seconds": row.seconds,
     }
-    job = distributed.reduce_loop_metrics(mine, distributed.world_size())
+    job = reduce_loop_metrics(mine, distributed.world_size())
     return ProbeRow(
         row.workers,
         job[IMAGES_PER_S],

@@ -3,25 +3,19 @@
 Each loader's package adds its own keys in ``<loader>/settings.py`` (a subclass named
 ``Settings``); Hydra composes ``conf/loader/<loader>.yaml`` against it, and the run turns the
 composed node into that object once (``loaderbench.run.validation``), so a loader receives its
-settings whole and typed, never re-applies a default and never re-checks a range.
+settings whole and typed, never re-applies a default and never re-checks a range: each
+dataclass checks its keys in ``__post_init__`` (``config.checks``).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from omegaconf import MISSING
 
-Check = tuple[bool, str, object]  # (holds, "key must be ...", the value)
-
-
-def failed_checks(checks: Iterable[Check]) -> list[str]:
-    """``"<rule>, got <value>"`` for every check that does not hold."""
-    return [f"{rule}, got {value!r}" for holds, rule, value in checks if not holds]
-
+from loaderbench.config.checks import require
 
 # ``loader.num_workers=auto``: the probe (``loaderbench.autotune``) picks the count.
 AUTO = "auto"
@@ -53,36 +47,26 @@ class AutotuneSettings:
     # chosen on both windows pooled; 0: never.
     confirm_within: float = 0.10
 
-    def checks(self) -> list[Check]:
-        finite = math.isfinite
-        return [
-            (
-                finite(self.tolerance) and 0 <= self.tolerance < 1,
-                "loader.autotune.tolerance must be >= 0 and < 1",
-                self.tolerance,
-            ),
-            (
-                finite(self.gain) and self.gain >= 0,
-                "loader.autotune.gain must be >= 0",
-                self.gain,
-            ),
-            (
-                finite(self.window_s) and self.window_s > 0,
-                "loader.autotune.window_s must be > 0",
-                self.window_s,
-            ),
-            (self.min_batches >= 1, "loader.autotune.min_batches must be >= 1", self.min_batches),
-            (
-                finite(self.confirm_within) and 0 <= self.confirm_within < 1,
-                "loader.autotune.confirm_within must be >= 0 and < 1",
-                self.confirm_within,
-            ),
-            (
-                finite(self.max_probe_s) and self.max_probe_s > 0,
-                "loader.autotune.max_probe_s must be > 0",
-                self.max_probe_s,
-            ),
-        ]
+    def __post_init__(self) -> None:
+        finite, key = math.isfinite, "loader.autotune"
+        tolerance, gain, within = self.tolerance, self.gain, self.confirm_within
+        require(
+            finite(tolerance) and 0 <= tolerance < 1,
+            f"{key}.tolerance must be >= 0 and < 1",
+            tolerance,
+        )
+        require(finite(gain) and gain >= 0, f"{key}.gain must be >= 0", gain)
+        require(
+            finite(self.window_s) and self.window_s > 0,
+            f"{key}.window_s must be > 0",
+            self.window_s,
+        )
+        require(self.min_batches >= 1, f"{key}.min_batches must be >= 1", self.min_batches)
+        require(
+            finite(within) and 0 <= within < 1, f"{key}.confirm_within must be >= 0 and < 1", within
+        )
+        most = self.max_probe_s
+        require(finite(most) and most > 0, f"{key}.max_probe_s must be > 0", most)
 
 
 @dataclass
@@ -150,16 +134,13 @@ class LoaderSettings:
         crop's region). Decoding every image, unless a loader says otherwise."""
         return ("decode",)
 
-    def checks(self) -> list[Check]:
-        """Range checks of this loader's keys; subclasses add theirs."""
+    def __post_init__(self) -> None:
+        """Range checks of the shared keys; a loader's ``Settings`` adds its own after them."""
         workers = self.num_workers
-        return [
-            (self.batch_size >= 1, "loader.batch_size must be >= 1", self.batch_size),
-            (
-                is_worker_count(workers) or workers == AUTO,
-                f"loader.num_workers must be an integer >= 0 or {AUTO!r}",
-                workers,
-            ),
-            (self.prefetch >= 1, "loader.prefetch must be >= 1", self.prefetch),
-            *self.autotune.checks(),
-        ]
+        require(self.batch_size >= 1, "loader.batch_size must be >= 1", self.batch_size)
+        require(
+            is_worker_count(workers) or workers == AUTO,
+            f"loader.num_workers must be an integer >= 0 or {AUTO!r}",
+            workers,
+        )
+        require(self.prefetch >= 1, "loader.prefetch must be >= 1", self.prefetch)

@@ -2,49 +2,28 @@
 
 ``RunConfig`` is the whole run (one field per group under ``conf/``: ``dataset``, ``loader``,
 ``model``, ``device``, ``precision``, ``logger``, ``optim``, ``scheduler``, ``augment``,
-``train``, ``bench``, ``runtime``). Hydra composes the YAML against these schemas, and
-``loaderbench.run.validation.validate_config`` converts the composed node into a ``RunConfig``
-once, range checks included (each dataclass's ``checks``, each naming its key); the run's
-rooms then take the typed piece they need and never read the composed node again.
-
-Each config group under ``conf/`` pulls in its schema from here through its defaults list
-(``defaults: [<group>_schema]``), so an override with a wrong type or an unknown key fails
-at composition time, with OmegaConf's message naming the key. A loader's keys live with the
-loader (``loaderbench/loaders/<name>/settings.py``) and are registered here as
-``<name>_schema``; the defaults of every key are the dataclass fields' (the YAML files under
-``conf/`` only pick a schema and say what differs).
+``train``, ``bench``, ``runtime``). Each dataclass checks its ranges in ``__post_init__``
+(``config.checks``), naming the key; the names a registry knows (optimisers, devices) are
+checked where the registries are, in ``loaderbench.run.validation``. Hydra composes the YAML
+against these schemas (registered by ``loaderbench.run.compose``); a loader's own keys live with
+the loader (``loaderbench/loaders/<name>/settings.py``). The defaults of every key are the
+dataclass fields' (the YAML files under ``conf/`` only pick a schema and say what differs).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING, OmegaConf
+from omegaconf import MISSING
 
-from loaderbench.config.loader import AUTO, Check, is_worker_count
-from loaderbench.data.splits import INDEX_CHECKS
-from loaderbench.loaders import LoaderSettings, loader_names, settings_class
-from loaderbench.platform.runtime import DEVICE_TYPES, PRECISIONS
-from loaderbench.training.optim import OPTIMIZERS, SCHEDULES
+from loaderbench.config.checks import require, require_one_of, require_range_pair
+from loaderbench.config.loader import AUTO, LoaderSettings, is_worker_count
 
 ON_ERROR = ("skip", "raise")
-
-
-def one_of(value: object, choices: Iterable[str], key: str) -> Check:
-    """``value`` among ``choices`` (the names a registry knows)."""
-    names = sorted(choices)
-    return value in names, f"{key} must be one of {names}", value
-
-
-def range_pair(values: list[float], key: str) -> Check:
-    """``values`` as two numbers ``0 < low <= high``."""
-    pair = list(values)
-    ok = len(pair) == 2 and 0 < pair[0] <= pair[1]
-    return ok, f"{key} must be two numbers 0 < low <= high", pair
+# dataset.index_check: how a saved dataset index is checked against the disk.
+INDEX_CHECKS = ("files", "folders")
 
 
 @dataclass
@@ -89,29 +68,14 @@ class DatasetConfig:
     # file systems where per-file stats are slow; a file rewritten in place needs rescan=true).
     index_check: str = "files"
 
-    def checks(self) -> list[Check]:
-        return [
-            (
-                self.max_images is None or self.max_images >= 1,
-                "dataset.max_images must be >= 1 or null",
-                self.max_images,
-            ),
-            (
-                self.max_image_pixels is None or self.max_image_pixels >= 1,
-                "dataset.max_image_pixels must be >= 1 or null",
-                self.max_image_pixels,
-            ),
-            (
-                self.index_check in INDEX_CHECKS,
-                f"dataset.index_check must be one of {list(INDEX_CHECKS)}",
-                self.index_check,
-            ),
-            (
-                self.on_error in ON_ERROR,
-                f"dataset.on_error must be one of {list(ON_ERROR)}",
-                self.on_error,
-            ),
-        ]
+    def __post_init__(self) -> None:
+        most, pixels = self.max_images, self.max_image_pixels
+        require(most is None or most >= 1, "dataset.max_images must be >= 1 or null", most)
+        require(
+            pixels is None or pixels >= 1, "dataset.max_image_pixels must be >= 1 or null", pixels
+        )
+        require_one_of(self.index_check, INDEX_CHECKS, "dataset.index_check")
+        require_one_of(self.on_error, ON_ERROR, "dataset.on_error")
 
 
 @dataclass
@@ -125,9 +89,9 @@ class ModelConfig:
     # Extra keyword arguments for timm.create_model.
     kwargs: dict[str, Any] = field(default_factory=dict)
 
-    def checks(self) -> list[Check]:
+    def __post_init__(self) -> None:
         drop = self.drop_rate
-        return [(0 <= drop < 1, "model.drop_rate must be >= 0 and < 1", drop)]
+        require(0 <= drop < 1, "model.drop_rate must be >= 0 and < 1", drop)
 
 
 @dataclass
@@ -137,19 +101,13 @@ class DeviceConfig:
     type: str = "auto"
     index: int = 0
 
-    def checks(self) -> list[Check]:
-        return [
-            one_of(self.type, DEVICE_TYPES, "device.type"),
-            (self.index >= 0, "device.index must be >= 0", self.index),
-        ]
+    def __post_init__(self) -> None:
+        require(self.index >= 0, "device.index must be >= 0", self.index)
 
 
 @dataclass
 class PrecisionConfig:
     name: str = "fp32"
-
-    def checks(self) -> list[Check]:
-        return [one_of(self.name, PRECISIONS, "precision.name")]
 
 
 @dataclass
@@ -167,9 +125,9 @@ class LoggerConfig:
     # train.py: the last checkpoint as a W&B artifact (type model, named after the run).
     log_checkpoint: bool = False
 
-    def checks(self) -> list[Check]:
+    def __post_init__(self) -> None:
         every = self.log_every_n_steps
-        return [(every >= 1, "logger.log_every_n_steps must be >= 1", every)]
+        require(every >= 1, "logger.log_every_n_steps must be >= 1", every)
 
 
 @dataclass
@@ -181,19 +139,16 @@ class OptimConfig:
     weight_decay: float = 5e-5
     betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
 
-    def checks(self) -> list[Check]:
+    def __post_init__(self) -> None:
         betas = list(self.betas)
-        return [
-            one_of(self.name, OPTIMIZERS, "optim.name"),
-            (math.isfinite(self.lr) and self.lr > 0, "optim.lr must be > 0", self.lr),
-            (self.momentum >= 0, "optim.momentum must be >= 0", self.momentum),
-            (self.weight_decay >= 0, "optim.weight_decay must be >= 0", self.weight_decay),
-            (
-                len(betas) == 2 and all(0 <= beta < 1 for beta in betas),
-                "optim.betas must be two numbers >= 0 and < 1",
-                betas,
-            ),
-        ]
+        require(math.isfinite(self.lr) and self.lr > 0, "optim.lr must be > 0", self.lr)
+        require(self.momentum >= 0, "optim.momentum must be >= 0", self.momentum)
+        require(self.weight_decay >= 0, "optim.weight_decay must be >= 0", self.weight_decay)
+        require(
+            len(betas) == 2 and all(0 <= beta < 1 for beta in betas),
+            "optim.betas must be two numbers >= 0 and < 1",
+            betas,
+        )
 
 
 @dataclass
@@ -202,13 +157,10 @@ class SchedulerConfig:
     warmup_epochs: float = 1.0
     min_lr_ratio: float = 0.0
 
-    def checks(self) -> list[Check]:
+    def __post_init__(self) -> None:
         warmup, floor = self.warmup_epochs, self.min_lr_ratio
-        return [
-            one_of(self.name, SCHEDULES, "scheduler.name"),
-            (warmup >= 0, "scheduler.warmup_epochs must be >= 0", warmup),
-            (0 <= floor <= 1, "scheduler.min_lr_ratio must be >= 0 and <= 1", floor),
-        ]
+        require(warmup >= 0, "scheduler.warmup_epochs must be >= 0", warmup)
+        require(0 <= floor <= 1, "scheduler.min_lr_ratio must be >= 0 and <= 1", floor)
 
 
 @dataclass
@@ -238,26 +190,18 @@ class BenchConfig:
     # min_window_s (passes as auto's, within max_measure_s); 0: no pass.
     ceiling_batches: int = 10
 
-    def checks(self) -> list[Check]:
+    def __post_init__(self) -> None:
         warmup, most, epochs = self.warmup_batches, self.max_batches, self.epochs
         passes = epochs == AUTO or (is_worker_count(epochs) and epochs >= 1)
-        return [
-            (passes, f"bench.epochs must be an integer >= 1 or {AUTO!r}", epochs),
-            (
-                self.min_window_batches >= 1,
-                "bench.min_window_batches must be >= 1",
-                self.min_window_batches,
-            ),
-            (self.min_window_s >= 0, "bench.min_window_s must be >= 0", self.min_window_s),
-            (self.max_measure_s > 0, "bench.max_measure_s must be > 0", self.max_measure_s),
-            (warmup >= 0, "bench.warmup_batches must be >= 0", warmup),
-            (
-                self.ceiling_batches >= 0,
-                "bench.ceiling_batches must be >= 0",
-                self.ceiling_batches,
-            ),
-            (most is None or most >= 1, "bench.max_batches must be >= 1 or null", most),
-        ]
+        require(passes, f"bench.epochs must be an integer >= 1 or {AUTO!r}", epochs)
+        window = self.min_window_batches
+        require(window >= 1, "bench.min_window_batches must be >= 1", window)
+        require(self.min_window_s >= 0, "bench.min_window_s must be >= 0", self.min_window_s)
+        require(self.max_measure_s > 0, "bench.max_measure_s must be > 0", self.max_measure_s)
+        require(warmup >= 0, "bench.warmup_batches must be >= 0", warmup)
+        ceiling = self.ceiling_batches
+        require(ceiling >= 0, "bench.ceiling_batches must be >= 0", ceiling)
+        require(most is None or most >= 1, "bench.max_batches must be >= 1 or null", most)
 
 
 @dataclass
@@ -268,8 +212,9 @@ class AugmentConfig:
     scale: list[float] = field(default_factory=lambda: [0.08, 1.0])
     ratio: list[float] = field(default_factory=lambda: [0.75, 1.3333333333333333])
 
-    def checks(self) -> list[Check]:
-        return [range_pair(self.scale, "augment.scale"), range_pair(self.ratio, "augment.ratio")]
+    def __post_init__(self) -> None:
+        require_range_pair(self.scale, "augment.scale")
+        require_range_pair(self.ratio, "augment.ratio")
 
 
 @dataclass
@@ -281,15 +226,13 @@ class TrainLoopConfig:
     # Stop after this many epochs in this run (a time-limited job that a resumed one continues).
     stop_after_epochs: int | None = None
 
-    def checks(self) -> list[Check]:
+    def __post_init__(self) -> None:
         stop_after = self.stop_after_epochs
-        return [
-            (
-                stop_after is None or stop_after >= 1,
-                "train.stop_after_epochs must be >= 1",
-                stop_after,
-            )
-        ]
+        require(
+            stop_after is None or stop_after >= 1,
+            "train.stop_after_epochs must be >= 1",
+            stop_after,
+        )
 
 
 @dataclass
@@ -298,9 +241,9 @@ class RuntimeConfig:
     # or torchrun, less its loader's workers; torch's default in a plain run).
     threads: int | None = None
 
-    def checks(self) -> list[Check]:
+    def __post_init__(self) -> None:
         threads = self.threads
-        return [(threads is None or threads >= 1, "runtime.threads must be >= 1 or null", threads)]
+        require(threads is None or threads >= 1, "runtime.threads must be >= 1 or null", threads)
 
 
 @dataclass
@@ -329,25 +272,10 @@ class RunConfig:
     bench: BenchConfig = field(default_factory=BenchConfig)
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
 
-    def checks(self) -> list[Check]:
-        """Every range check of the run: the loader's first, then each group's."""
+    def __post_init__(self) -> None:
         image_size = self.image_size
-        return [
-            *self.loader.checks(),
-            (image_size is None or image_size >= 8, "image_size must be >= 8", image_size),
-            (self.epochs >= 1, "epochs must be >= 1", self.epochs),
-            *self.train.checks(),
-            *self.logger.checks(),
-            *self.runtime.checks(),
-            *self.bench.checks(),
-            *self.dataset.checks(),
-            *self.augment.checks(),
-            *self.model.checks(),
-            *self.device.checks(),
-            *self.precision.checks(),
-            *self.optim.checks(),
-            *self.scheduler.checks(),
-        ]
+        require(image_size is None or image_size >= 8, "image_size must be >= 8", image_size)
+        require(self.epochs >= 1, "epochs must be >= 1", self.epochs)
 
 
 # Each group's schema: what ``validate_config`` types the composed node's group as (the
@@ -366,41 +294,3 @@ SCHEMAS: dict[str, type] = {
     "bench": BenchConfig,
     "runtime": RuntimeConfig,
 }
-
-# The groups Hydra's config store takes a ``<group>_schema`` entry for (``conf/<group>/``).
-STORED_GROUPS = ("dataset", "loader", "model", "device", "precision", "logger")
-
-
-# `model=<name>` for these timm architectures, with no YAML file each (conf/model/timm.yaml
-# takes any other name: `model=timm model.name=convnext_tiny`).
-NAMED_MODELS = ("mobilenetv3_large_100", "resnet10t", "resnet18", "resnet50", "test_resnet")
-
-
-def _run_stamp(default: str) -> str:
-    """The run directory's last part: shared by every rank of one torchrun/SLURM launch, so
-    they all write into one run directory; the time of day otherwise."""
-    from loaderbench.platform.distributed import run_id
-
-    return run_id() or default
-
-
-def register_configs() -> None:
-    """Register the schemas with Hydra's ConfigStore (idempotent)."""
-    if not OmegaConf.has_resolver("run_stamp"):
-        OmegaConf.register_new_resolver("run_stamp", _run_stamp)
-    if not OmegaConf.has_resolver("if_cuda"):
-        # The SLURM launchers' resources: GPUs only for device=cuda (conf/hydra/launcher/).
-        OmegaConf.register_new_resolver(
-            "if_cuda", lambda device, on_cuda, otherwise: on_cuda if device == "cuda" else otherwise
-        )
-    store = ConfigStore.instance()
-    store.store(name="run_schema", node=RunConfig)
-    for group in STORED_GROUPS:
-        store.store(group=group, name=f"{group}_schema", node=SCHEMAS[group])
-    for name in loader_names():  # each loader's own typed keys, from its package
-        store.store(group="loader", name=f"{name}_schema", node=settings_class(name))
-    for name in NAMED_MODELS:
-        store.store(group="model", name=name, node=ModelConfig(name=name))
-
-
-register_configs()

@@ -171,8 +171,6 @@ class Split:
         return digest.hexdigest()[:16]
 
 
-INDEX_CHECKS = ("files", "folders")  # dataset.index_check
-
 
 @dataclass(frozen=True)
 class DatasetIndex:

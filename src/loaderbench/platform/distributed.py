@@ -14,8 +14,6 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from loaderbench.measure.metrics import combine_over_ranks
-
 
 @dataclass(frozen=True)
 class DistInfo:
@@ -165,10 +163,3 @@ def gather_objects(value: Any) -> list[Any]:
 def world_size() -> int:
     """Ranks in the job's process group (1 without one)."""
     return dist.get_world_size() if dist.is_initialized() else 1
-
-
-def reduce_loop_metrics(metrics: dict[str, Any], world_size: int) -> dict[str, Any]:
-    """This rank's loop metrics combined over ranks, each as ``loaderbench.measure.metrics``
-    declares."""
-    rank = dist.get_rank() if dist.is_initialized() else 0
-    return combine_over_ranks(metrics, rank, world_size, lambda values, op: all_reduce(values, op))

@@ -33,7 +33,12 @@ from loaderbench.run.elastic import (
     resume_path,
 )
 from loaderbench.run.ledger import SampleLedger
-from loaderbench.run.resume_rules import check_resumable, saved_ranks, train_set_signature
+from loaderbench.run.resume_rules import (
+    ResumingRun,
+    check_resumable,
+    saved_ranks,
+    train_set_signature,
+)
 from loaderbench.run.session import Session
 from loaderbench.training.loops import (
     EvalCounts,
@@ -125,7 +130,10 @@ def resume(session: Session, training: Training, path: Path) -> Start:
     """Load a checkpoint into the training state (this rank's random streams and running
     loss included); returns where to continue from."""
     state = load_checkpoint(path, map_location=session.device)
-    check_resumable(session, state, path)
+    run = ResumingRun(
+        session.dataset, session.composed, session.dist.world_size, session.loader.batch_size
+    )
+    check_resumable(state, path, run)
     load_training_state(training, state)
     if training.ledger is not None:
         restore_ledger(training.ledger, session, state)

@@ -16,6 +16,7 @@ from loaderbench.data.discovery import DatasetIndex
 from loaderbench.loaders import LoaderSettings
 from loaderbench.measure.metrics import PEAK_RSS_MB, SKIPPED_FILES
 from loaderbench.measure.process_tree import ProcessTreeMonitor
+from loaderbench.measure.ranks import reduce_loop_metrics
 from loaderbench.platform import distributed
 from loaderbench.platform.locking import atomic_write_text
 from loaderbench.platform.runtime import cpus_allowed
@@ -57,7 +58,7 @@ def tree_totals(
         "cpus": cpus_allowed(),
         SKIPPED_FILES: skipped_counts(dataset, skipped)[SKIPPED_FILES],
     }
-    totals = distributed.reduce_loop_metrics(mine, world_size)
+    totals = reduce_loop_metrics(mine, world_size)
     monitor.peak_rss_bytes = int(totals[PEAK_RSS_MB] * 2**20)  # the sum, as the run's peak
     return {**totals, **skipped_counts(dataset, skipped_over_ranks(skipped))}
 

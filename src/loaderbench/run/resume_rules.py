@@ -27,17 +27,15 @@ import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
 
 from loaderbench.config.schema import RunConfig
 from loaderbench.data.discovery import Split
+from loaderbench.data.splits import DatasetIndex
 from loaderbench.run.checkpoint import CHECKPOINT_FILE
-
-if TYPE_CHECKING:
-    from loaderbench.run.session import Session
 
 log = logging.getLogger(__name__)
 
@@ -162,6 +160,17 @@ def global_batch(state: dict[str, Any], ranks: int) -> int:
     return int(state["config"]["loader"]["batch_size"]) * saved_ranks(state, ranks)
 
 
+@dataclass(frozen=True)
+class ResumingRun:
+    """What a resume is checked against: this run's data set, its config as composed, its
+    ranks and its per-rank batch (settled: an elastic resume may have changed it)."""
+
+    dataset: DatasetIndex
+    composed: dict[str, Any]
+    ranks: int
+    batch_size: int
+
+
 def train_set_signature(split: Split) -> dict[str, Any]:
     """What the epoch order depends on besides the seed: the train set's size and its labels
     in order (not its location, so a copy of the data set on node-local disk resumes)."""
@@ -169,12 +178,12 @@ def train_set_signature(split: Split) -> dict[str, Any]:
     return {"images": len(split), "labels_sha1": hashlib.sha1(labels.tobytes()).hexdigest()}
 
 
-def check_resumable(session: Session, state: dict[str, Any], path: Path) -> None:
+def check_resumable(state: dict[str, Any], path: Path, run: ResumingRun) -> None:
     """Refuse a resume that would not continue the same run, naming what changed (the config
     keys that must match: ``resume_rules``)."""
-    if list(state["classes"]) != list(session.dataset.classes):
+    if list(state["classes"]) != list(run.dataset.classes):
         raise ValueError(f"checkpoint {path} was trained on other classes")
-    changed = changed_kept_keys(session.composed, state["config"])
+    changed = changed_kept_keys(run.composed, state["config"])
     if changed:
         key, ours, theirs = changed[0]
         raise ValueError(
@@ -183,15 +192,15 @@ def check_resumable(session: Session, state: dict[str, Any], path: Path) -> None
         )
     # Another number of ranks may continue it (``elastic``): the global batch is what must
     # be kept, and the session took it over before any loader was built.
-    ranks = session.dist.world_size
-    kept = session.loader.batch_size * ranks
+    ranks = run.ranks
+    kept = run.batch_size * ranks
     if kept != global_batch(state, ranks):
         raise ValueError(
             f"global batch {kept} ({ranks} ranks x loader.batch_size="
-            f"{session.loader.batch_size}) but checkpoint {path} was trained with "
+            f"{run.batch_size}) but checkpoint {path} was trained with "
             f"{global_batch(state, ranks)}; a resumed run must keep it"
         )
-    signature = train_set_signature(session.dataset.train)
+    signature = train_set_signature(run.dataset.train)
     saved = state.get("train_set", signature)
     if saved != signature:
         raise ValueError(

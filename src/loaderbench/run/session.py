@@ -27,7 +27,6 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from loaderbench import __version__
 from loaderbench.config.loader import AUTO
 from loaderbench.config.schema import BenchConfig, DatasetConfig, LoggerConfig, RunConfig
 from loaderbench.data.discovery import DatasetIndex, discover, resolve_path
@@ -46,6 +45,7 @@ from loaderbench.measure.metrics import (
     straggler_note,
 )
 from loaderbench.measure.process_tree import CpuWindow, ProcessTreeMonitor
+from loaderbench.measure.ranks import reduce_loop_metrics
 from loaderbench.platform import distributed
 from loaderbench.platform.distributed import DistInfo
 from loaderbench.platform.pagecache import evict, files_under
@@ -57,6 +57,7 @@ from loaderbench.platform.runtime import (
     set_intra_op_threads,
     synchronizer,
 )
+from loaderbench.platform.version import VERSION
 from loaderbench.platform.stopping import (
     Preempted,
     preemption_noted,
@@ -201,7 +202,7 @@ class Session:
         batches, cpu_s = since
         mine = loop_metrics(meter, window.cpu_s - cpu_s, since=batches)
         mine[PEAK_RSS_MB] = self.monitor.peak_rss_bytes / 2**20
-        metrics = distributed.reduce_loop_metrics(mine, self.dist.world_size)
+        metrics = reduce_loop_metrics(mine, self.dist.world_size)
         if not metrics["images"]:
             metrics.update(dict.fromkeys(loop_rates()))
         return metrics
@@ -323,7 +324,7 @@ def base_metrics(composed: dict[str, Any], task: str) -> dict[str, Any]:
         "seed": composed["seed"],
         "crop_stream": CROP_STREAM,  # which train crops a (seed, epoch, image) gets
         SKIPPED_FILES: 0,
-        "version": __version__,
+        "version": VERSION,
     }
 
 

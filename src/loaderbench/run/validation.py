@@ -1,10 +1,12 @@
 """The run's config, converted once: the composed node to a typed ``RunConfig``, checked.
 
 Composition already rejects wrong types and unknown keys given as ``key=value``; this also
-catches keys added with ``+key=value`` inside a group and values outside their allowed set or
-range (each dataclass's ``checks``, in ``loaderbench.config.schema``). It is the one place the
-composed node is read: ``validate_config`` returns the whole typed run config, whose pieces
-the run's rooms take as they are, never re-applying a default or re-checking a range.
+catches keys added with ``+key=value`` inside a group, values outside their range (each
+schema's ``__post_init__``, in ``loaderbench.config``) and names no registry knows (the
+optimiser, the schedule, the device, the precision: the registries live above the schemas). It
+is the one place the composed node is read: ``validate_config`` returns the whole typed run
+config, whose pieces the run's rooms take as they are, never re-applying a default or
+re-checking a range.
 """
 
 from __future__ import annotations
@@ -14,13 +16,13 @@ from dataclasses import fields
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from loaderbench.config.loader import failed_checks
+from loaderbench.config.checks import ConfigError, require_one_of
 from loaderbench.config.schema import SCHEMAS, RunConfig
 from loaderbench.loaders import LoaderSettings, loader_names, settings_class
+from loaderbench.platform.runtime import DEVICE_TYPES, PRECISIONS
+from loaderbench.training.optim import OPTIMIZERS, SCHEDULES
 
-
-class ConfigError(ValueError):
-    pass
+__all__ = ["ConfigError", "validate_against_dataset", "validate_config"]
 
 
 def _typed(node: DictConfig, schema: type, key: str) -> object:
@@ -48,10 +50,16 @@ def validate_config(cfg: DictConfig) -> RunConfig:
     }
     run = RunConfig(**pieces)
     assert isinstance(run.loader, LoaderSettings)
-    problems = failed_checks(run.checks())
-    if problems:
-        raise ConfigError("; ".join(problems))
+    _check_registered_names(run)
     return run
+
+
+def _check_registered_names(run: RunConfig) -> None:
+    """The names the registries above the schemas know (``require_one_of``: a ConfigError)."""
+    require_one_of(run.device.type, DEVICE_TYPES, "device.type")
+    require_one_of(run.precision.name, PRECISIONS, "precision.name")
+    require_one_of(run.optim.name, OPTIMIZERS, "optim.name")
+    require_one_of(run.scheduler.name, SCHEDULES, "scheduler.name")
 
 
 def validate_against_dataset(

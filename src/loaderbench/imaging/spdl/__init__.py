@@ -1,5 +1,5 @@
 """Decoding with SPDL's I/O (``spdl.io``): the decode functions by name (turbo, ffmpeg,
-nvjpeg), the plan each image is decoded by (box, resize, crop, flip), and what flows through a
+nvjpeg), the run's geometry (a crop plan per image, ``imaging.plans``), and what flows through a
 pipeline that runs them (samples, opened files, failures, batches). The spdl loader composes
 these; the benchmark times them alone."""
 
@@ -14,15 +14,7 @@ from loaderbench.imaging.spdl.decoders import (
     build_decoder,
     open_file,
 )
-from loaderbench.imaging.spdl.geometry import (
-    Geometry,
-    Plan,
-    apply_plan,
-    split_region,
-    train_plans,
-    val_plan,
-    val_region_plan,
-)
+from loaderbench.imaging.spdl.geometry import Geometry
 from loaderbench.imaging.spdl.records import (
     DecodedBatch,
     Failure,
@@ -40,15 +32,9 @@ __all__ = [
     "ImageDecoder",
     "NvjpegDecoder",
     "Opened",
-    "Plan",
     "Sample",
     "TurboDecoder",
-    "apply_plan",
     "build_decoder",
     "is_encoded",
     "open_file",
-    "split_region",
-    "train_plans",
-    "val_plan",
-    "val_region_plan",
 ]

@@ -50,14 +50,8 @@ from loaderbench.imaging import decode, decoded_by
 from loaderbench.imaging.decode import Decoded, batch_decoder, cpu_batch, decode_cpu, require_cuda
 from loaderbench.imaging.device_resize import resize_images
 from loaderbench.imaging.files import check_size, fast_jpeg, load_rgb
-from loaderbench.imaging.spdl.geometry import (
-    Geometry,
-    Plan,
-    PlanTable,
-    apply_plan,
-    plan_table,
-    split_region,
-)
+from loaderbench.imaging.plans import Plan, PlanTable, apply_plan, plan_table, split_region
+from loaderbench.imaging.spdl.geometry import Geometry
 from loaderbench.imaging.spdl.records import (
     DecodedBatch,
     Failure,

@@ -5,12 +5,11 @@ on."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 
-if TYPE_CHECKING:
-    from loaderbench.imaging.spdl.geometry import Plan
+from loaderbench.imaging.plans import Plan
 
 
 class Sample(NamedTuple):

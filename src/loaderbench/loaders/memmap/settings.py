@@ -7,7 +7,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from loaderbench.config.loader import Check, LoaderSettings
+from loaderbench.config.checks import require, require_one_of
+from loaderbench.config.loader import LoaderSettings
 
 STORES = ("raw", "jpeg")
 
@@ -53,30 +54,17 @@ class Settings(LoaderSettings):
     def folder_keys(cls) -> tuple[str, ...]:
         return ("cache_dir",)
 
-    def checks(self) -> list[Check]:
-        ratio, side = self.train_store_ratio, self.train_store_min_side
-        return [
-            *super().checks(),
-            (
-                math.isfinite(ratio) and ratio >= 1.0,
-                "loader.train_store_ratio must be >= 1.0 (the stored long side / image_size)",
-                ratio,
-            ),
-            (side >= 0, "loader.train_store_min_side must be >= 0", side),
-            (self.store in STORES, f"loader.store must be one of {list(STORES)}", self.store),
-            (
-                self.val_store in STORES,
-                f"loader.val_store must be one of {list(STORES)}",
-                self.val_store,
-            ),
-            (
-                self.store_max_side is None or self.store_max_side >= 8,
-                "loader.store_max_side must be >= 8 or null",
-                self.store_max_side,
-            ),
-            (
-                1 <= self.store_quality <= 100,
-                "loader.store_quality must be 1-100",
-                self.store_quality,
-            ),
-        ]
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        ratio, side, most = self.train_store_ratio, self.train_store_min_side, self.store_max_side
+        require(
+            math.isfinite(ratio) and ratio >= 1.0,
+            "loader.train_store_ratio must be >= 1.0 (the stored long side / image_size)",
+            ratio,
+        )
+        require(side >= 0, "loader.train_store_min_side must be >= 0", side)
+        require_one_of(self.store, STORES, "loader.store")
+        require_one_of(self.val_store, STORES, "loader.val_store")
+        require(most is None or most >= 8, "loader.store_max_side must be >= 8 or null", most)
+        quality = self.store_quality
+        require(1 <= quality <= 100, "loader.store_quality must be 1-100", quality)

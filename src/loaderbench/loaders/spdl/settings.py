@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
 
-from loaderbench.config.loader import Check, LoaderSettings
+from loaderbench.config.checks import require_one_of, require_timeout
+from loaderbench.config.loader import LoaderSettings
 
 
 @dataclass
@@ -34,23 +34,12 @@ class Settings(LoaderSettings):
             return ("decode",)
         return ("decode", "region") if train else ("decode", "pool")
 
-    def checks(self) -> list[Check]:
+    def __post_init__(self) -> None:
         from loaderbench.imaging.spdl.decoders import DECODERS  # the registry; spdl not loaded
 
-        timeout = self.timeout_s
-        return [
-            *super().checks(),
-            (
-                self.decoder in DECODERS,
-                f"loader.decoder must be one of {sorted(DECODERS)}",
-                self.decoder,
-            ),
-            (
-                timeout is None or (math.isfinite(timeout) and timeout > 0),
-                "loader.timeout_s must be > 0 (finite) or null",
-                timeout,
-            ),
-        ]
+        super().__post_init__()
+        require_one_of(self.decoder, DECODERS, "loader.decoder")
+        require_timeout(self.timeout_s, "loader.timeout_s")
 
     def ready_batches(self) -> int:
         """The sink's size: ``prefetch`` in total, less the batches being decoded."""

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
-from loaderbench.config.loader import Check, LoaderSettings
+from loaderbench.config.checks import require_timeout
+from loaderbench.config.loader import LoaderSettings
 
 
 @dataclass
@@ -17,16 +17,9 @@ class Settings(LoaderSettings):
     # deadlocked, is otherwise never noticed (DataLoader notices only workers that died).
     timeout_s: float | None = 600.0
 
-    def checks(self) -> list[Check]:
-        timeout = self.timeout_s
-        return [
-            *super().checks(),
-            (
-                timeout is None or (math.isfinite(timeout) and timeout > 0),
-                "loader.timeout_s must be > 0 (finite) or null",
-                timeout,
-            ),
-        ]
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        require_timeout(self.timeout_s, "loader.timeout_s")
 
     def per_worker_prefetch(self) -> int:
         """DataLoader's prefetch_factor (per worker) for ``prefetch`` batches in total."""

@@ -5,10 +5,11 @@ job, in any process or on any machine, agrees, and the summary holds every job: 
 rate, without a rate (and why), or failed (and its error).
 """
 
+from loaderbench.run.sweeps._callback import SweepSummaryCallback
 from loaderbench.run.sweeps._identity import job_name, sweep_group, swept_keys
 from loaderbench.run.sweeps._ranking import Ranking, WorkersChoice, rank_rows, within_spread
 from loaderbench.run.sweeps._rows import apply_sweep_ceilings, ceiling_settings, collect_rows
-from loaderbench.run.sweeps._summary import SweepSummary, SweepSummaryCallback, write_summary
+from loaderbench.run.sweeps._summary import SweepSummary, write_summary
 
 __all__ = [
     "Ranking",

@@ -4,17 +4,14 @@ and native charts of the charted metrics against the swept key, one series a loa
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from omegaconf import DictConfig
 
 from loaderbench.measure.metrics import NULL_REASON, SPREAD, charted
 from loaderbench.run.sweeps._identity import sweep_group
 from loaderbench.run.sweeps._plot import numeric, series_name, x_axis
+from loaderbench.run.sweeps._summary import SweepSummary
 from loaderbench.run.sweeps._table import lead_columns
-
-if TYPE_CHECKING:
-    from loaderbench.run.sweeps._summary import SweepSummary
 
 
 def log_summary_run(config: DictConfig, sweep_dir: Path, summary: SweepSummary) -> None:
