@@ -64,19 +64,20 @@ def simulated_env(tmp_path: Path, missing: str, **extra: str) -> dict[str, str]:
 RACING_BUILD = """
 import sys, time
 from pathlib import Path
+import loaderbench.imaging.stored as stored
 import loaderbench.loaders.memmap.build as mb
 import loaderbench.loaders.memmap.cache as mc
 from tests.conftest import folder_index
 
 root, cache_dir, ready, go = sys.argv[1:5]
 split = folder_index(Path(root)).val
-real = mb.decode_crop
+real = stored.decode_crop
 
 def slow(path, size):  # a build long enough for the other process to arrive meanwhile
     time.sleep(0.05)
     return real(path, size)
 
-mb.decode_crop = slow
+stored.decode_crop = slow
 Path(ready).touch()
 while not Path(go).exists():
     time.sleep(0.005)

@@ -22,8 +22,9 @@ import torch
 from PIL import Image
 
 from loaderbench.imaging.files import load_rgb
+from loaderbench.imaging.stored import decode_fit, fit_size
 from loaderbench.imaging.transforms import pil_val_transform
-from loaderbench.loaders.memmap.build import CacheError, StorePolicy, decode_fit, fit_size
+from loaderbench.loaders.memmap.build import CacheError, StorePolicy
 from loaderbench.loaders.memmap.cache import COMPLETE_FILE, cache_name, ensure_cache, open_cache
 from loaderbench.loaders.memmap.store_raw import ImageCache
 from loaderbench.platform.locking import FileLock
@@ -297,6 +298,7 @@ KILLED_BUILD = """
 import sys, time
 from pathlib import Path
 from omegaconf import OmegaConf
+import loaderbench.imaging.stored as stored
 import loaderbench.loaders.memmap.build as mb
 import loaderbench.loaders.memmap.cache as mc
 from loaderbench.config.schema import DatasetConfig
@@ -306,7 +308,7 @@ root, cache_dir, halfway, codec = sys.argv[1:5]
 cfg = OmegaConf.structured(DatasetConfig(index_dir=None))
 cfg.name, cfg.root = "folder", root
 split = discover(cfg).val
-real, count = mb.decode_crop, [0]
+real, count = stored.decode_crop, [0]
 
 def slow(path, size):
     count[0] += 1
@@ -315,7 +317,7 @@ def slow(path, size):
         time.sleep(600)
     return real(path, size)
 
-mb.decode_crop = slow
+stored.decode_crop = slow
 mc.ensure_cache(split, mb.StorePolicy.for_split(False, 32, 1.5, codec=codec), Path(cache_dir),
                 num_workers=0, skip_errors=True, progress=False)
 print("finished")
@@ -376,6 +378,7 @@ RACING_BUILD = """
 import sys, time
 from pathlib import Path
 from omegaconf import OmegaConf
+import loaderbench.imaging.stored as stored
 import loaderbench.loaders.memmap.build as mb
 import loaderbench.loaders.memmap.cache as mc
 from loaderbench.config.schema import DatasetConfig
@@ -385,13 +388,13 @@ root, cache_dir, go = sys.argv[1:4]
 cfg = OmegaConf.structured(DatasetConfig(index_dir=None))
 cfg.name, cfg.root = "folder", root
 split = discover(cfg).train
-real = mb.decode_fit
+real = stored.decode_fit
 
 def slow(path, long_side):
     time.sleep(0.02)
     return real(path, long_side)
 
-mb.decode_fit = slow
+stored.decode_fit = slow
 while not Path(go).exists():
     time.sleep(0.005)
 cache = mc.ensure_cache(split, mb.StorePolicy.for_split(True, 32, 1.5), Path(cache_dir),

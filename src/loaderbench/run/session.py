@@ -57,13 +57,13 @@ from loaderbench.platform.runtime import (
     set_intra_op_threads,
     synchronizer,
 )
-from loaderbench.platform.version import VERSION
 from loaderbench.platform.stopping import (
     Preempted,
     preemption_noted,
     raise_if_stop_requested,
     stop_signals_as_interrupt,
 )
+from loaderbench.platform.version import VERSION
 from loaderbench.run.elastic import Continued, fit_to_checkpoint
 from loaderbench.run.records import (
     pinned_host_peak_bytes,

@@ -23,7 +23,6 @@ Store policies:
 from __future__ import annotations
 
 import dataclasses
-import functools
 import hashlib
 import os
 import shutil
@@ -35,18 +34,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-import numpy as np
 import torch
-import torch.nn.functional as F
 from tensordict import TensorClass
 from torch.utils.data import DataLoader, Dataset
 from tqdm import tqdm
 
 from loaderbench.data.splits import Split
+from loaderbench.imaging import stored
 from loaderbench.imaging.decoded_by import add as add_counts
 from loaderbench.imaging.decoded_by import counting
-from loaderbench.imaging.files import load_rgb, read_rgb
-from loaderbench.imaging.transforms import pil_val_transform
 from loaderbench.loaders.base import stop_workers
 from loaderbench.loaders.memmap.settings import Settings
 from loaderbench.platform.stopping import raise_if_stop_requested
@@ -117,46 +113,11 @@ class StorePolicy:
 # Decoding one image as the store keeps it.
 
 
-@functools.lru_cache(maxsize=8)
-def _val_transform(size: int) -> Any:
-    return pil_val_transform(size)
-
-
-def decode_crop(path: str, size: int) -> torch.Tensor:
-    """The val image, uint8 (3, S, S): the reference pipeline itself, so bit-identical to it."""
-    return _val_transform(size)(load_rgb(path))
-
-
-def fit_size(width: int, height: int, long_side: int) -> tuple[int, int]:
-    """(w, h) after shrinking, never enlarging, so that the long side is at most ``long_side``."""
-    scale = min(1.0, long_side / max(width, height))
-    return max(1, round(width * scale)), max(1, round(height * scale))
-
-
-def decode_fit(path: str, long_side: int) -> torch.Tensor:
-    """The train image, uint8 (h, w, 3), aspect kept, long side shrunk to at most ``long_side``.
-
-    Read by ``images.read_rgb``, the torchvision loader's own ``load_rgb`` (the same files
-    admitted and refused) but for a JPEG's decode at the smallest of 1/1, 1/2, 1/4, 1/8 scale
-    that is still at least the target size (the DCT does the power-of-two part), then resized
-    with an antialiased bilinear filter: torch's uint8 kernel, which computes PIL's BILINEAR
-    resize (to within a grey level) in half the time; with it the build keeps pace with the
-    torchvision loader's decoding.
-    """
-    image, target = read_rgb(path, functools.partial(fit_size, long_side=long_side))
-    pixels = torch.from_numpy(np.array(image))  # np.array: writable
-    if (pixels.shape[1], pixels.shape[0]) == target:
-        return pixels
-    nchw = pixels.permute(2, 0, 1)[None]  # channels-last view: the kernel's fast layout
-    resized = F.interpolate(nchw, size=(target[1], target[0]), mode="bilinear", antialias=True)
-    return resized[0].permute(1, 2, 0)
-
-
 def decode_stored(path: str, policy: StorePolicy) -> torch.Tensor:
     """The image as every store keeps it: val (3, S, S), train (h, w, 3) fitted."""
     if policy.kind == "crop":
-        return decode_crop(path, policy.stored_size)
-    return decode_fit(path, policy.stored_size)
+        return stored.decode_crop(path, policy.stored_size)
+    return stored.decode_fit(path, policy.stored_size)
 
 
 # ---------------------------------------------------------------------------------------------

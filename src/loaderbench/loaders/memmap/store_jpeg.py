@@ -11,6 +11,7 @@ import os
 import torch
 from tensordict import TensorClass
 
+from loaderbench.imaging.stored import encode_jpeg_bytes
 from loaderbench.loaders.memmap.build import (
     BuildChunks,
     BuildJob,
@@ -42,10 +43,8 @@ class JpegCache(TensorClass):
 
 def encode_stored(pixels: torch.Tensor, policy: StorePolicy) -> torch.Tensor:
     """JPEG bytes (uint8, 1-D) of a decoded stored image, at ``policy.quality``."""
-    from torchvision.io import encode_jpeg  # at first use: torchvision's import is heavy
-
     chw = pixels if policy.kind == "crop" else pixels.permute(2, 0, 1)
-    return encode_jpeg(chw.contiguous(), quality=policy.quality)
+    return encode_jpeg_bytes(chw, policy.quality)
 
 
 class _JpegChunks(BuildChunks):
