@@ -23,6 +23,7 @@ from tests.conftest import REPO
 from tools.bench.dali import dali_version
 from tools.bench.ffcv import ffcv_unavailable
 from tools.bench.schema import CLASSIC, DALI_NAMES, FFCV_NAMES, LIMIT_NAMES, TUTORIAL
+from tools.bench.work_bounds import work_bounds
 
 # One worker runs the module: its quick bench (a module fixture) is built once, not per worker.
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("bench")]
@@ -109,7 +110,7 @@ def bench(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
 def declared_bounds(task: str, name: str) -> list[str]:
     """What bounds a loader's work on ``task`` at its defaults (as the sweeps run it)."""
-    return list(settings_class(name)().work_bounds(task == "train"))
+    return list(work_bounds(settings_class(name)(name=name), task == "train"))
 
 
 def test_every_loader_worker_count_and_peer_is_a_measured_row(bench: dict[str, Any]) -> None:

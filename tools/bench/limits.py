@@ -270,10 +270,11 @@ def format_limit(limit: DecodeLimit) -> str:
 
 
 def run_bounds(metrics_path: Path, metrics: dict[str, Any]) -> tuple[str, ...]:
-    """What bounds a run's work, as its loader declares it (``LoaderSettings.work_bounds``) for
+    """What bounds a run's work (``work_bounds``) for
     the settings the run had (its Hydra config beside metrics.json); decoding, where the run
     left no config or names no loader of this tree."""
     from loaderbench.loaders import loader_names, settings_class
+    from tools.bench.work_bounds import work_bounds
 
     config = metrics_path.parent / ".hydra" / "config.yaml"
     name = metrics.get("loader")
@@ -283,7 +284,7 @@ def run_bounds(metrics_path: Path, metrics: dict[str, Any]) -> tuple[str, ...]:
 
     ran_with = OmegaConf.load(config).loader
     node = OmegaConf.merge(OmegaConf.structured(settings_class(name)), ran_with)
-    return OmegaConf.to_object(node).work_bounds(metrics.get("task") == "train")
+    return work_bounds(OmegaConf.to_object(node), metrics.get("task") == "train")
 
 
 def format_ratio(limit: DecodeLimit, metrics: dict[str, Any], label: str) -> str:

@@ -10,7 +10,7 @@ It runs, one after another so nothing competes for the cores:
 2. the project's loaders with ``model=none`` (the loader benchmark), val and train pipelines,
    over a worker sweep: real ``eval.py`` / ``train.py --multirun`` runs, so the numbers are the
    ones users get; each row is held to the limit of the work its loader declares
-   (``LoaderSettings.work_bounds``);
+   (``work_bounds``);
 3. the peers (``tools.bench.peer_rows``): the classic torchvision float pipeline, the
    tensordict tutorial's tensorclass loader, and where they are installed NVIDIA DALI and FFCV,
    timed with the same meter on the same files.
@@ -55,6 +55,7 @@ from tools.bench.render import render
 from tools.bench.render_cores import add_gpu_options, checked_gpu_options
 from tools.bench.schema import AutoRow, GpuModelRate, Machine, Options, Report, Row
 from tools.bench.stores import measure_stores
+from tools.bench.work_bounds import work_bounds
 
 REPO = Path(__file__).resolve().parents[3]
 # The crop-and-resize limit's train images (stored rows in memory: ~340 KB each at 224 px).
@@ -211,7 +212,7 @@ def loader_rows(task: str, runs: list[dict[str, str]], limits: Limits) -> list[R
     defaults the sweeps run it with)."""
     out = []
     for run in runs:
-        bounds = settings_class(run["loader"])().work_bounds(task == "train")
+        bounds = work_bounds(settings_class(run["loader"])(name=run["loader"]), task == "train")
         out.append(
             Row(
                 pipeline=task,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from omegaconf import MISSING
 
@@ -71,6 +71,11 @@ class AutotuneSettings:
 
 @dataclass
 class LoaderSettings:
+    # What the loader is: whether it reads the data set's image files (every loader but
+    # ``resident``, which serves a batch made once). The tests about files and pixels, and the
+    # benchmark's loader rows, take the loaders that do (``file_loader_names``).
+    reads_files: ClassVar[bool] = True
+
     name: str = MISSING
     batch_size: int = 32
     # The parallelism a sweep turns; what a worker is depends on the loader (docs/loaders.md: "What
@@ -104,35 +109,6 @@ class LoaderSettings:
         runs from): evicted with the images for a cold run (``bench.drop_page_cache``), where a
         remembered ``num_workers=auto`` choice is kept, what housekeeping looks after."""
         return tuple(getattr(self, key) for key in self.folder_keys())
-
-    @classmethod
-    def contract_variants(cls) -> list[dict[str, Any]]:
-        """Each way this loader runs on the CPU, as overrides of its keys: the loader contract
-        (tests/test_loader_contract.py) runs every one. One, its defaults, unless it has more."""
-        return [{}]
-
-    @classmethod
-    def reads_files(cls) -> bool:
-        """Whether this loader reads the data set's image files (every loader but
-        ``resident``, which serves a batch made once): the tests about files and pixels, and
-        the benchmark's loader rows, take the loaders that do (``file_loader_names``)."""
-        return True
-
-    @classmethod
-    def contract_exemptions(cls) -> dict[str, str]:
-        """Clauses of the loader contract (tests/test_loader_contract.py) that cannot hold
-        for this loader by design -> why; the suite names each exemption where it applies.
-        None by default."""
-        return {}
-
-    def work_bounds(self, train: bool) -> tuple[str, ...]:
-        """What bounds this loader's work per image on the train (else val) pipeline, so that
-        the benchmark holds its rows to the limit of the same work: first one of "decode"
-        (decoding and resizing whole JPEGs), "copy" (copying stored pixels) or "crop" (cutting,
-        resizing and flipping stored pixels); then any further yardsticks: "pool" (a plain
-        thread pool of the decode limit's own decoder), "region" (decoding only each train
-        crop's region). Decoding every image, unless a loader says otherwise."""
-        return ("decode",)
 
     def __post_init__(self) -> None:
         """Range checks of the shared keys; a loader's ``Settings`` adds its own after them."""

@@ -50,7 +50,7 @@ def loader_names() -> tuple[str, ...]:
 
 def file_loader_names() -> tuple[str, ...]:
     """The loaders that read the data set's files: all but the ceiling, ``resident``."""
-    return tuple(name for name in loader_names() if settings_class(name).reads_files())
+    return tuple(name for name in loader_names() if settings_class(name).reads_files)
 
 
 def settings_class(name: str) -> type[LoaderSettings]:

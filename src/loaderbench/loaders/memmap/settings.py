@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
 
 from loaderbench.config.checks import require, require_one_of
 from loaderbench.config.loader import LoaderSettings
@@ -38,17 +37,6 @@ class Settings(LoaderSettings):
     # JPEG quality of the jpeg store (1-100). 95, not the usual 90: on the default recipe over
     # six seeds, q90 cost 3.1 points of top1 against raw, q95 0.3, for ~1.5x q90's bytes.
     store_quality: int = 95
-
-    @classmethod
-    def contract_variants(cls) -> list[dict[str, Any]]:
-        return [{"store": store} for store in STORES]
-
-    def work_bounds(self, train: bool) -> tuple[str, ...]:
-        # A raw store decodes nothing: val copies the stored crops, train cuts, resizes and
-        # flips each image's box from its stored row. A jpeg store decodes (train: the region).
-        if (self.store if train else self.val_store) == "raw":
-            return ("crop",) if train else ("copy",)
-        return ("decode", "region") if train else ("decode",)
 
     @classmethod
     def folder_keys(cls) -> tuple[str, ...]:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from loaderbench.config.checks import require_one_of, require_timeout
 from loaderbench.config.loader import LoaderSettings
@@ -21,18 +20,6 @@ class Settings(LoaderSettings):
     # One pipeline for the whole run, its source re-iterated each epoch (like DataLoader's
     # persistent_workers); false: a pipeline built and stopped per epoch.
     persistent: bool = True
-
-    @classmethod
-    def contract_variants(cls) -> list[dict[str, Any]]:
-        # nvjpeg decodes on a GPU: its own tests (tests/test_gpu*.py, test_spdl.py).
-        return [{"decoder": "turbo"}, {"decoder": "ffmpeg"}]
-
-    def work_bounds(self, train: bool) -> tuple[str, ...]:
-        # The turbo decoder is the decode limit's best candidate, run by a pool of threads: val
-        # is also set against that plain pool; train decodes only each crop's region.
-        if self.decoder != "turbo":
-            return ("decode",)
-        return ("decode", "region") if train else ("decode", "pool")
 
     def __post_init__(self) -> None:
         from loaderbench.imaging.spdl.decoders import DECODERS  # the registry; spdl not loaded
