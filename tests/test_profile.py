@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from loaderbench.bench.profile import frame_name, summarise
+from loaderbench.bench.profile import frame_name, render, summarise
+from tests.markdown_rows import unpadded
 
 
 def test_the_summary_counts_the_loader_threads_samples_by_self_and_total_time() -> None:
@@ -30,6 +31,8 @@ def test_the_summary_counts_the_loader_threads_samples_by_self_and_total_time() 
     totals = dict(profile.top(profile.total_counts, 5))
     assert totals["_gather (loaderbench/x.py)"] == 90.0 and totals["run (a/threading.py)"] == 90.0
     assert frame_name("f (/x/lib/python3.11/site-packages/torch/nn.py:3)") == "f (torch/nn.py)"
+    table = unpadded(render(profile, "title"))  # the share right-aligned, the frame as code
+    assert "| self % | frame |\n|---:|:---|\n| 60.0 | `_gather (loaderbench/x.py)` |" in table
 
 
 @pytest.mark.slow
@@ -101,4 +104,4 @@ def test_make_profile_gil_gives_ms_per_1k_images_of_a_real_spdl_run(
     assert "loaderbench_spdl_decode" in raw and "spdl_event_loop" in raw
     metrics = json.loads((out / "gil-8" / "metrics.json").read_text())
     assert 0 <= metrics["gil_frac"] <= 1 and metrics["images"] > 0
-    assert "| loader |" in (out / "gil.md").read_text()
+    assert "| loader |" in unpadded((out / "gil.md").read_text())

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from loaderbench.bench import gil_profile, py_spy
+from loaderbench.tables import markdown_table
 
 REPO = Path(__file__).resolve().parents[3]
 DEFAULT_THREADS = ("memmap-loader", "loaderbench_spdl_decode")
@@ -94,9 +95,8 @@ def render(profile: Profile, title: str, n: int = 15) -> str:
     """The top ``n`` entries by self and by total time, as markdown."""
     lines = [f"# {title}", "", f"{profile.samples} samples of the loader threads.", ""]
     for label, counts in (("self", profile.self_counts), ("total", profile.total_counts)):
-        lines += [f"| {label} % | frame |", "|---:|---|"]
-        lines += [f"| {share:.1f} | `{frame}` |" for frame, share in profile.top(counts, n)]
-        lines.append("")
+        rows = [[f"{share:.1f}", f"`{frame}`"] for frame, share in profile.top(counts, n)]
+        lines += [markdown_table([f"{label} %", "frame"], rows, align=["right", "left"]), ""]
     return "\n".join(lines)
 
 
