@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO
+from tests.markdown_rows import cells
 from tools.bench import render, render_cores
 from tools.bench.schema import SCHEMA_VERSION, DecodeLimit, DecodeRate, Report, Row
 
@@ -157,8 +158,8 @@ def costed(task: str, name: str, workers: int, cpu_s_per_1k: float) -> Row:
 def cores_table(text: str) -> dict[tuple[str, str], list[str]]:
     """The cores-per-GPU table's cells by (pipeline, loader)."""
     section = text.split("## How many cores feed my GPUs?")[1]
-    rows = [line.split(" | ") for line in section.splitlines() if line.startswith("| ")][1:]
-    return {(cells[0][2:], cells[1]): cells[2:] for cells in rows}
+    rows = [cells(line) for line in section.splitlines() if line.startswith("| ")][1:]
+    return {(row[0], row[1]): row[2:] for row in rows}
 
 
 def test_cores_per_gpu_from_the_measured_cpu_cost() -> None:
@@ -177,8 +178,8 @@ def test_cores_per_gpu_from_the_measured_cpu_cost() -> None:
     report.options.gpu_rate = 3000.0  # as `--gpu-rate 3000` stores it
     text = render.markdown(report)
     table = cores_table(text)
-    assert table[("train", "fits")] == ["2", "2.00", "6.00", "48.0", "yes", "64.0", "100%", "18 |"]
-    assert table[("train", "hungry")] == ["2", "10.00", "30.00", "240.0", "no", "-", "47%", "3 |"]
+    assert table[("train", "fits")] == ["2", "2.00", "6.00", "48.0", "yes", "64.0", "100%", "18"]
+    assert table[("train", "hungry")] == ["2", "10.00", "30.00", "240.0", "no", "-", "47%", "3"]
     assert ("val", "unmeasured") not in table  # no CPU cost measured: nothing to answer from
     assert "Per-GPU rate: 3,000 images/s, given with `--gpu-rate` (not measured here)" in text
     assert "Node: 8 GPUs and 112 cores" in text

@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from tests.conftest import REPO
+from tests.markdown_rows import unpadded
 from tools.gpu_check import cli, decode_bench, decode_rows, decode_table, sharing
 from tools.gpu_check import plan as gpu_plan
 from tools.gpu_check import report as gpu_report
@@ -59,7 +60,7 @@ def test_the_dry_run_runs_every_cpu_phase_and_writes_the_report(tmp_path: Path) 
     proc = run_check(out, "--dry-run", timeout=900)
     log = proc.stdout[-3000:] + proc.stderr[-3000:]
     assert {p.name for p in out.iterdir()} >= {"report.md", "check.log", "runs.tar.gz"}, log
-    report = (out / "report.md").read_text()
+    report = unpadded((out / "report.md").read_text())
     table = phases(report)
     # The kit phase needs `make gpu-kit` (PyPI); every other phase must pass.
     others = {name: rc for name, rc in table.items() if name != "kit"}
@@ -219,7 +220,7 @@ def test_the_report_states_each_rows_share_of_its_models_ceiling(tmp_path: Path)
     assert fracs == [1.0, 0.75, None, 0.25, 0.5]
     unsteady = {"model": "r50", "images_per_s": None, "images_per_s_null_reason": "no window"}
     rows.append(gpu_report.Row("s", "4", "spdl", "8", "ok", unsteady))
-    lines = gpu_report.rows_table(rows)
+    lines = unpadded("\n".join(gpu_report.rows_table(rows))).splitlines()
     assert "images_per_s null: no window" in lines[-1]
     assert lines[0].startswith(
         "| loader | workers | status | model | images_per_s | ceiling_frac | ceiling_images_per_s"
@@ -306,7 +307,7 @@ def test_the_sharing_phase_times_every_mode_on_cpu_threads(tiny_root: Path, tmp_
     result = json.loads(out.read_text())
     assert len(result["cases"]) == len(sharing.MODES)
     assert all(c["images"] > 0 and c["cpu_ms_per_image"] > 0 for c in result["cases"])
-    section = "\n".join(sharing.sharing_lines(result))
+    section = unpadded("\n".join(sharing.sharing_lines(result)))
     assert "| one decoder behind a lock | 4 | 1 | 256 | ok |" in section
 
 
@@ -347,13 +348,13 @@ def test_the_decoder_table_times_every_decoder_against_pillows_pixels(
         assert choice["decoded_by"] == {"nvimgcodec:cpu": choice["images"]}
     assert 0 < result["mean_kept_fraction"] < 1
 
-    section = "\n".join(decode_table.decode_lines(result))
+    section = unpadded("\n".join(decode_table.decode_lines(result)))
     assert "| nvimgcodec cpu | region | ok | " in section and "whole, then cut" in section
     assert "decoded by nvimgcodec:cpu" in section and "not GPU figures" in section
     assert "| nvimgcodec hardware | full | absent |" in section
     assert re.search(r"full: the loaders' choice decodes at [\d.]+ of the fastest engine", section)
     # The report renders the phase's rows too (its own section).
-    assert "| torchcodec | full | ok | " in "\n".join(gpu_report.decode_lines(result))
+    assert "| torchcodec | full | ok | " in unpadded("\n".join(gpu_report.decode_lines(result)))
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the answer where there is no GPU")
@@ -395,7 +396,7 @@ def test_rows_a_crash_cut_short_fail_the_phase_and_show_as_not_run() -> None:
     rows = _rows("cuda")
     partial = {"device": "cuda", "cases": rows[:2], "gpu": "H200"}
     assert decode_bench.decode_exit_code(partial) == 1
-    section = "\n".join(decode_table.decode_lines(partial))
+    section = unpadded("\n".join(decode_table.decode_lines(partial)))
     last_name, last_kind = decode_bench.DECODE_CASES[-1]
     assert f"| {last_name} | {last_kind} | not run |" in section
     assert section.count("| not run |") == len(decode_bench.DECODE_CASES) - 2

@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from tools.bench.profile import frame_name, summarise
+from tests.conftest import REPO
+from tests.markdown_rows import unpadded
+from tools.bench.profile import frame_name, render, summarise
+
+# python -m tools.bench.profile from another folder: the tools are the repository's, not installed.
+TOOLS_ENV = {
+    **os.environ,
+    "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+}
 
 
 def test_the_summary_counts_the_loader_threads_samples_by_self_and_total_time() -> None:
@@ -30,6 +39,8 @@ def test_the_summary_counts_the_loader_threads_samples_by_self_and_total_time() 
     totals = dict(profile.top(profile.total_counts, 5))
     assert totals["_gather (loaderbench/x.py)"] == 90.0 and totals["run (a/threading.py)"] == 90.0
     assert frame_name("f (/x/lib/python3.11/site-packages/torch/nn.py:3)") == "f (torch/nn.py)"
+    table = unpadded(render(profile, "title"))  # the share right-aligned, the frame as code
+    assert "| self % | frame |\n|---:|:---|\n| 60.0 | `_gather (loaderbench/x.py)` |" in table
 
 
 @pytest.mark.slow
@@ -54,7 +65,9 @@ def test_make_profile_samples_the_memmap_reading_threads_of_a_real_run(
         "bench.epochs=4",
         f"loader.cache_dir={tmp_path / 'cache'}",
     ]
-    done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=280)
+    done = subprocess.run(
+        command, cwd=tmp_path, env=TOOLS_ENV, capture_output=True, text=True, timeout=280
+    )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     summary = (out / "profile.md").read_text()
     samples = int(summary.split("\n")[2].split()[0])
@@ -91,7 +104,9 @@ def test_make_profile_gil_gives_ms_per_1k_images_of_a_real_spdl_run(
         "loader.batch_size=8",
         "image_size=64",
     ]
-    done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=580)
+    done = subprocess.run(
+        command, cwd=tmp_path, env=TOOLS_ENV, capture_output=True, text=True, timeout=580
+    )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     figures = json.loads((out / "gil.json").read_text())["gil_ms_per_1k_images"]
     assert set(figures) == {"loader", "main", "other"}
@@ -101,4 +116,4 @@ def test_make_profile_gil_gives_ms_per_1k_images_of_a_real_spdl_run(
     assert "loaderbench_spdl_decode" in raw and "spdl_event_loop" in raw
     metrics = json.loads((out / "gil-8" / "metrics.json").read_text())
     assert 0 <= metrics["gil_frac"] <= 1 and metrics["images"] > 0
-    assert "| loader |" in (out / "gil.md").read_text()
+    assert "| loader |" in unpadded((out / "gil.md").read_text())

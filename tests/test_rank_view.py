@@ -14,6 +14,7 @@ import pytest
 from loaderbench.measure.metrics import rank_rows, straggler_note, summary_keys, with_epoch_ranks
 from loaderbench.run import sweeps
 from tests.conftest import REPO, finish, single_run, start_torchrun
+from tests.markdown_rows import unpadded
 
 
 def test_a_rank_waiting_markedly_more_is_named_with_what_differs() -> None:
@@ -73,7 +74,7 @@ def test_the_sweep_summary_has_the_slowest_ranks_wait_beside_the_mean(tmp_path: 
     at = columns.index("data_wait_frac")
     assert columns[at + 1 : at + 2] == ["slowest_rank_data_wait_frac"]
     assert [r["slowest_rank_data_wait_frac"] for r in rows] == [0.4, None]
-    lines = (tmp_path / "sweep" / "summary.md").read_text().splitlines()
+    lines = unpadded((tmp_path / "sweep" / "summary.md").read_text()).splitlines()
     (header,) = [line for line in lines if line.startswith("| rank |")]
     assert "| data wait | slowest rank's wait |" in header
     assert "| 25% | 40% |" in lines[lines.index(header) + 2]

@@ -17,6 +17,7 @@ from omegaconf import OmegaConf
 from loaderbench.run.folders import job_dirs, read_jobs
 from loaderbench.run.sweeps import collect_rows
 from tests.conftest import REPO
+from tests.markdown_rows import unpadded
 from tools.gpu_check import report as gpu_report
 
 SWEPT = ["loader=memmap,spdl", "loader.num_workers=0,1,2,3,4,5,6,7,8,9,10,11"]
@@ -127,7 +128,7 @@ def test_the_gpu_report_is_written_without_torch_hydra_or_omegaconf(
     )
     assert proc.returncode == 1, proc.stderr  # not every job ran ok: the phase fails
     assert f"{out}: 9 of 13 benchmark jobs ok" in proc.stdout
-    text = out.read_text()
+    text = unpadded(out.read_text())
     assert "12 of 13 jobs ran" in text and "**1 job(s) never started**" in text
     # The model column first (these jobs name none), then images_per_s at its catalog format.
     assert (

@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 
 from loaderbench.run.sweeps import rank_rows, within_spread, write_summary
+from tests.markdown_rows import unpadded
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -61,7 +62,7 @@ def test_best_first_is_the_most_images_per_s_and_no_rate_is_not_a_failure(
     assert ranking.ranked[0]["lead"] == 1.5 and ranking.ranked[1]["lead"] is None
     assert [r["loader"] for r in ranking.unrated] == ["memmap"]
     assert [r["job"] for r in ranking.failed] == ["3"]
-    md = (sweep / "summary.md").read_text()
+    md = unpadded((sweep / "summary.md").read_text())
     assert "4 jobs over loader: 2 with a rate, best first (images/s); 1 without a rate" in md
     assert "1 failed" in md and "spdl leads torchvision by 1.50x" in md
     unrated = md[md.index("## Jobs without a rate") : md.index("## Failed jobs")]
@@ -103,7 +104,7 @@ def test_with_a_model_top1_is_a_column_beside_the_rate_and_does_not_rank(tmp_pat
     sweep = sweep_folder(tmp_path / "sweep", "loader.num_workers=8,16,32", jobs)
     ranking = write_summary(sweep).ranking
     assert [r["num_workers"] for r in ranking.ranked] == [32, 16, 8]
-    md = (sweep / "summary.md").read_text()
+    md = unpadded((sweep / "summary.md").read_text())
     header = next(line for line in md.splitlines() if line.startswith("| rank |"))
     assert "| ceiling_frac |" in header and header.endswith("| top-1 |")
     # Spreads of 1%: 294 +- 3 and 304 +- 3 do not overlap, so 32 workers it is.
@@ -149,6 +150,6 @@ def test_a_job_stopped_by_a_signal_did_not_finish_and_did_not_fail(tmp_path: Pat
     )
     ranking = write_summary(sweep).ranking
     assert not ranking.failed and [r["job"] for r in ranking.stopped] == ["1"]
-    md = (sweep / "summary.md").read_text()
+    md = unpadded((sweep / "summary.md").read_text())
     assert "1 did not finish (interrupted or preempted)" in md and "failed" not in md
     assert "| 1 | spdl | preempted |" in md[md.index("## Jobs that did not finish") :]

@@ -14,6 +14,7 @@ from loaderbench.data.synthetic import SyntheticSpec, ensure_synthetic
 from loaderbench.run.sweeps import collect_rows, write_summary
 from tests.conftest import run_entry, shared_data_dir
 from tests.helpers import compose_cfg
+from tests.markdown_rows import unpadded
 from tests.wandb_offline import offline_runs
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -136,7 +137,7 @@ def test_the_contracts_train_sweep_names_the_worker_count_to_use(
     for row in rows:
         assert 0 < float(row["ceiling_frac"]) and row["top1"]
     (chosen,) = [r for r in rows if r["workers_choice"] == "use"]
-    md = (sweep / "summary.md").read_text()
+    md = unpadded((sweep / "summary.md").read_text())
     assert f"## Workers to use: loader.num_workers={chosen['num_workers']}" in md
     header = next(line for line in md.splitlines() if line.startswith("| rank |"))
     assert "| ceiling_frac |" in header and header.endswith("| top-1 |")

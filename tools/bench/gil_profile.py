@@ -24,6 +24,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from loaderbench.measure.metrics import IMAGES_PER_S
+from loaderbench.platform.tables import markdown_table
 from tools.bench import py_spy
 
 # The loader's threads, by name prefix: spdl's decoding pool and SPDL's own event loop and
@@ -108,10 +109,12 @@ def render(result: dict[str, float], runs: Sequence[GilRun], args: argparse.Name
         f"py-spy --gil at {args.rate} Hz; the difference of {args.gil_epochs[0]} and "
         f"{args.gil_epochs[1]} epochs ({runs[1].images - runs[0].images} images).",
         "",
-        "| threads | GIL ms per 1,000 images |",
-        "|---|---:|",
+        markdown_table(
+            ["threads", "GIL ms per 1,000 images"],
+            [[group, f"{result[group]:.1f}"] for group in GROUPS],
+            align=["left", "right"],
+        ),
     ]
-    lines += [f"| {group} | {result[group]:.1f} |" for group in GROUPS]
     rates = ", ".join(f"{run.images_per_s or 0:.0f}" for run in runs)
     return "\n".join([*lines, "", f"images/s of the runs (under py-spy): {rates}", ""])
 

@@ -57,7 +57,7 @@ from tools.bench.schema import AutoRow, GpuModelRate, Machine, Options, Report, 
 from tools.bench.stores import measure_stores
 from tools.bench.work_bounds import work_bounds
 
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(__file__).resolve().parents[2]
 # The crop-and-resize limit's train images (stored rows in memory: ~340 KB each at 224 px).
 CROP_LIMIT_IMAGES = 512
 # --quick (CI): shorter probe windows; its 192 images fill a 1.5 s window many times over.

@@ -36,9 +36,10 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from loaderbench.platform.tables import markdown_table
 from tools.bench import gil_profile, py_spy
 
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(__file__).resolve().parents[2]
 DEFAULT_THREADS = ("memmap-loader", "loaderbench_spdl_decode")
 # py-spy's frame: "function (path/to/module.py:123)"; the line number varies within a function.
 _FRAME = re.compile(r"^(?P<name>.*?) \((?P<file>[^():]+)(?::\d+)?\)$")
@@ -94,9 +95,8 @@ def render(profile: Profile, title: str, n: int = 15) -> str:
     """The top ``n`` entries by self and by total time, as markdown."""
     lines = [f"# {title}", "", f"{profile.samples} samples of the loader threads.", ""]
     for label, counts in (("self", profile.self_counts), ("total", profile.total_counts)):
-        lines += [f"| {label} % | frame |", "|---:|---|"]
-        lines += [f"| {share:.1f} | `{frame}` |" for frame, share in profile.top(counts, n)]
-        lines.append("")
+        rows = [[f"{share:.1f}", f"`{frame}`"] for frame, share in profile.top(counts, n)]
+        lines += [markdown_table([f"{label} %", "frame"], rows, align=["right", "left"]), ""]
     return "\n".join(lines)
 
 

@@ -13,6 +13,7 @@ import argparse
 from pathlib import Path
 
 from loaderbench.measure.metrics import report_cell, report_columns
+from loaderbench.platform.tables import markdown_table
 from tools.bench import render_cores
 from tools.bench.render_stores import ffcv_store_lines, store_lines
 from tools.bench.render_stores import fmt as _fmt
@@ -29,7 +30,7 @@ from tools.bench.schema import (
     Row,
 )
 
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(__file__).resolve().parents[2]
 # The FFCV store a row is held against: stored pixels for the readers of stored pixels, the
 # JPEG store for everything that decodes JPEGs.
 PEER_STORE = {bound: "raw" for bound in STORED_PIXELS}
@@ -54,57 +55,81 @@ def header_lines(report: Report) -> list[str]:
     ]
 
 
-def limit_lines(decode: DecodeLimit, copy_bps: float, image_bytes: int) -> list[str]:
-    """The limits table: every decode candidate, the CPU decode limit, the pool, memory copy."""
-    lines = ["## Limits", "", "| limit | value |", "|---|---|"]
-    for rate in sorted(decode.rates, key=lambda r: -r.images_per_s):
-        lines.append(
-            f"| single-core {rate.name} decode + resize | {rate.images_per_s:,.1f} images/s |"
-        )
-    lines.append(
-        f"| CPU decode limit ({decode.cores} cores x {decode.best.name}) | "
-        f"{decode.images_per_s:,.1f} images/s |"
+def limit_lines(report: Report) -> list[str]:
+    """The limits table: every decode candidate, the CPU decode limit, the pool, memory copy,
+    then each train job's limit (``job_limit_rows``)."""
+    rows = [
+        *limit_rows(report.decode_limit, report.memory_copy_bytes_per_s, report.image_bytes),
+        *job_limit_rows(report.crop_limit, "crop + resize + flip"),
+        *job_limit_rows(report.region_decode_limit, "train job"),
+    ]
+    return ["## Limits", "", *markdown_table(["limit", "value"], rows).splitlines()]
+
+
+def limit_rows(decode: DecodeLimit, copy_bps: float, image_bytes: int) -> list[list[str]]:
+    """Every decode candidate, the CPU decode limit, the pool and memory copy: (limit, value)."""
+    rows = [
+        [f"single-core {rate.name} decode + resize", f"{rate.images_per_s:,.1f} images/s"]
+        for rate in sorted(decode.rates, key=lambda r: -r.images_per_s)
+    ]
+    rows.append(
+        [
+            f"CPU decode limit ({decode.cores} cores x {decode.best.name})",
+            f"{decode.images_per_s:,.1f} images/s",
+        ]
     )
     if decode.pool is not None:
-        lines.append(
-            f"| plain thread pool ({decode.pool.name}, no pipeline) | "
-            f"{decode.pool.images_per_s:,.1f} images/s = "
-            f"{100 * decode.ratio(decode.pool.images_per_s):.1f}% of the CPU decode limit |"
+        rows.append(
+            [
+                f"plain thread pool ({decode.pool.name}, no pipeline)",
+                f"{decode.pool.images_per_s:,.1f} images/s = "
+                f"{100 * decode.ratio(decode.pool.images_per_s):.1f}% of the CPU decode limit",
+            ]
         )
-    lines.append(
-        f"| memory-copy bandwidth | {copy_bps / 1e9:,.2f} GB/s = "
-        f"{copy_bps / image_bytes:,.0f} images/s of {image_bytes:,} bytes |"
+    rows.append(
+        [
+            "memory-copy bandwidth",
+            f"{copy_bps / 1e9:,.2f} GB/s = "
+            f"{copy_bps / image_bytes:,.0f} images/s of {image_bytes:,} bytes",
+        ]
     )
-    return lines
+    return rows
 
 
-def job_limit_lines(limit: DecodeLimit | None, job: str) -> list[str]:
+def job_limit_rows(limit: DecodeLimit | None, job: str) -> list[list[str]]:
     """A train job's limit in the limits table (the crop-and-resize limit of the readers of
     stored rows, the region decode limit of the loaders that decode their crops): each way's
     single-core rate, the limit, the plain pool's share of it, and what the flips cost."""
     if limit is None:
         return []
-    lines = [
-        f"| single-core {rate.name} {job} | {rate.images_per_s:,.1f} images/s |"
+    rows = [
+        [f"single-core {rate.name} {job}", f"{rate.images_per_s:,.1f} images/s"]
         for rate in sorted(limit.rates, key=lambda r: -r.images_per_s)
     ]
-    lines.append(
-        f"| {limit.title} ({limit.cores} cores x {limit.best.name}) | "
-        f"{limit.images_per_s:,.1f} images/s |"
+    rows.append(
+        [
+            f"{limit.title} ({limit.cores} cores x {limit.best.name})",
+            f"{limit.images_per_s:,.1f} images/s",
+        ]
     )
     if limit.pool is not None:
-        lines.append(
-            f"| plain thread pool ({limit.pool.name}, {job}) | "
-            f"{limit.pool.images_per_s:,.1f} images/s = "
-            f"{100 * limit.ratio(limit.pool.images_per_s):.1f}% of the {limit.title} |"
+        rows.append(
+            [
+                f"plain thread pool ({limit.pool.name}, {job})",
+                f"{limit.pool.images_per_s:,.1f} images/s = "
+                f"{100 * limit.ratio(limit.pool.images_per_s):.1f}% of the {limit.title}",
+            ]
         )
     if limit.without_flips is not None:
         alone = limit.without_flips.images_per_s
-        lines.append(
-            f"| single-core {limit.without_flips.name} (the resize alone) | {alone:,.1f} "
-            f"images/s: the flips cost {100 * (1 - limit.best.images_per_s / alone):.1f}% |"
+        rows.append(
+            [
+                f"single-core {limit.without_flips.name} (the resize alone)",
+                f"{alone:,.1f} images/s: the flips cost "
+                f"{100 * (1 - limit.best.images_per_s / alone):.1f}%",
+            ]
         )
-    return lines
+    return rows
 
 
 def peer_rate(rows: list[Row], task: str, name: str, workers: int | None = None) -> Row | None:
@@ -221,26 +246,27 @@ def pipeline_lines(rows: list[Row]) -> list[str]:
         "",
         share_text(rows),
         "",
-        pipeline_header(),
-        "|---" * (len(report_columns()) + 8) + "|",
-        *(
-            pipeline_line(
-                row,
-                dali_rate(rows, row.pipeline, row.workers),
-                ffcv_rate(rows, row.pipeline, row, row.workers),
-            )
-            for row in rows
-        ),
+        *markdown_table(
+            pipeline_header(),
+            [
+                pipeline_cells(
+                    row,
+                    dali_rate(rows, row.pipeline, row.workers),
+                    ffcv_rate(rows, row.pipeline, row, row.workers),
+                )
+                for row in rows
+            ],
+        ).splitlines(),
         *ceiling_lines(rows),
     ]
 
 
-def pipeline_header() -> str:
+def pipeline_header() -> list[str]:
     """The pipelines table's titles: the catalog's report columns (``report_columns``), the
     rate's share of its limit and the ratios to the peers after the rate."""
-    rate, *costs = (metric.report_title for metric in report_columns())
+    rate, *costs = (metric.report_title or metric.key for metric in report_columns())
     titles = ["pipeline", "loader", "workers", rate, "share of limit", "limit", "vs DALI"]
-    return "| " + " | ".join([*titles, "vs FFCV", *costs, "note"]) + " |"  # type: ignore[list-item]
+    return [*titles, "vs FFCV", *costs, "note"]
 
 
 # The benchmark runs every pipeline, the project's and the peers', alone (model=none).
@@ -257,13 +283,14 @@ def ceiling_lines(rows: list[Row]) -> list[str]:
     return ["", *(f"ceiling_frac null in {n} rows: {why}." for why, n in reasons.items())]
 
 
-def pipeline_line(row: Row, dali: Row | None = None, ffcv: Row | None = None) -> str:
+def pipeline_cells(row: Row, dali: Row | None = None, ffcv: Row | None = None) -> list[str]:
+    """A row's cells in the pipelines table, under ``pipeline_header``."""
     vs_dali = f"{_rate(row) / _rate(dali):.2f}x" if dali and row.images_per_s else "-"
     vs_ffcv = f"{_rate(row) / _rate(ffcv):.2f}x" if ffcv and row.images_per_s else "-"
     rate, *costs = (report_cell(m.key, getattr(row, m.key)) for m in report_columns())
     share = f"{_fmt(row.share and 100 * row.share)}{'%' if row.share else ''}"
     cells = [row.pipeline, row.name, _fmt(row.workers), rate, share, row.limit_name or "-"]
-    return "| " + " | ".join([*cells, vs_dali, vs_ffcv, *costs, row.note]) + " |"
+    return [*cells, vs_dali, vs_ffcv, *costs, row.note]
 
 
 def ratio_lines(report: Report) -> list[str]:
@@ -397,9 +424,7 @@ def markdown(report: Report) -> str:
     lines = [
         *header_lines(report),
         *answer_lines(report.rows),
-        *limit_lines(report.decode_limit, report.memory_copy_bytes_per_s, report.image_bytes),
-        *job_limit_lines(report.crop_limit, "crop + resize + flip"),
-        *job_limit_lines(report.region_decode_limit, "train job"),
+        *limit_lines(report),
         *pipeline_lines(report.rows),
         *ratio_lines(report),
         *auto_lines(report),

@@ -25,6 +25,7 @@ from loaderbench.measure.metrics import (
     IMAGES_PER_S,
     report_cell,
 )
+from loaderbench.platform.tables import markdown_table
 from tools.bench.schema import NODE_CORES, NODE_GPUS, GpuModelRate, Report, Row
 
 # NVIDIA DeepLearningExamples, ResNet50 v1.5 for PyTorch, "Training performance: NVIDIA DGX A100
@@ -168,21 +169,34 @@ def method_lines(report: Report, rate: GpuRate, fitted: list[CoresRow]) -> list[
 
 def table_lines(fitted: list[CoresRow], gpus: int, cores: int) -> list[str]:
     """One line a pipeline."""
-    lines = [
-        f"| pipeline | loader | workers | CPU s / 1k images | cores per GPU | cores for {gpus} "
-        f"GPUs | every GPU fed on {cores} cores | cores to spare | share of the GPU rate fed "
-        f"| GPUs {cores} cores could feed at the full rate |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+    headers = [
+        "pipeline",
+        "loader",
+        "workers",
+        "CPU s / 1k images",
+        "cores per GPU",
+        f"cores for {gpus} GPUs",
+        f"every GPU fed on {cores} cores",
+        "cores to spare",
+        "share of the GPU rate fed",
+        f"GPUs {cores} cores could feed at the full rate",
     ]
-    for row in fitted:
-        lines.append(
-            f"| {row.pipeline} | {row.name} | {row.workers} | "
-            f"{report_cell(CPU_S_PER_1K_IMAGES, row.cpu_s_per_1k_images)} | "
-            f"{row.cores_per_gpu:,.2f} | {row.cores_needed:,.1f} | "
-            f"{'yes' if row.fed else 'no'} | {f'{row.spare:,.1f}' if row.fed else '-'} | "
-            f"{100 * row.share_fed:.0f}% | {row.gpus_fed:,} |"
-        )
-    return lines
+    cells = [
+        [
+            row.pipeline,
+            row.name,
+            str(row.workers),
+            report_cell(CPU_S_PER_1K_IMAGES, row.cpu_s_per_1k_images),
+            f"{row.cores_per_gpu:,.2f}",
+            f"{row.cores_needed:,.1f}",
+            "yes" if row.fed else "no",
+            f"{row.spare:,.1f}" if row.fed else "-",
+            f"{100 * row.share_fed:.0f}%",
+            f"{row.gpus_fed:,}",
+        ]
+        for row in fitted
+    ]
+    return markdown_table(headers, cells).splitlines()
 
 
 def answer_lines(fitted: list[CoresRow], rate: GpuRate, gpus: int, cores: int) -> list[str]:

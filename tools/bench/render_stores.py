@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from loaderbench.platform.tables import markdown_table
 from tools.bench.schema import CORES, FFCV_NAMES, Row, StoreRow
 
 
@@ -21,24 +22,27 @@ def rate(row: Row) -> float:
 
 def store_lines(rows: list[StoreRow]) -> list[str]:
     """The memmap stores projected to ImageNet: one line a (pipeline, store)."""
-    cores = " | ".join(f"build at {c} cores" for c in CORES)
-    lines = [
+    headers = ["split", "store", "bytes / image", "ImageNet store", "images/s"]
+    cells = [
+        [
+            row.pipeline,
+            row.store,
+            f"{row.bytes_per_image:,.0f}",
+            f"{row.imagenet_gb:,.1f} GB",
+            f"{row.images_per_s:,.1f}" if row.images_per_s else "-",
+            *(f"{row.build_minutes(c):.1f} min" for c in CORES),
+        ]
+        for row in rows
+    ]
+    return [
         "## The memmap stores, projected to ImageNet",
         "",
         "Bytes per image as stored here, times 1,281,167 train or 50,000 val images; build "
         "time from this machine's build rate per core (decode, resize, and for jpeg re-encode).",
         "",
-        f"| split | store | bytes / image | ImageNet store | images/s | {cores} |",
-        "|---|---|---|---|---|" + "---|" * len(CORES),
+        *markdown_table([*headers, *(f"build at {c} cores" for c in CORES)], cells).splitlines(),
+        "",
     ]
-    for row in rows:
-        minutes = " | ".join(f"{row.build_minutes(c):.1f} min" for c in CORES)
-        speed = f"{row.images_per_s:,.1f}" if row.images_per_s else "-"
-        lines.append(
-            f"| {row.pipeline} | {row.store} | {row.bytes_per_image:,.0f} | "
-            f"{row.imagenet_gb:,.1f} GB | {speed} | {minutes} |"
-        )
-    return [*lines, ""]
 
 
 def ffcv_store_lines(rows: list[Row], stores: list[StoreRow], workers: int) -> list[str]:
@@ -52,7 +56,37 @@ def ffcv_store_lines(rows: list[Row], stores: list[StoreRow], workers: int) -> l
     pairs = [(s, ffcv[(s.pipeline, s.store)]) for s in stores if (s.pipeline, s.store) in ffcv]
     if not pairs:
         return []
-    lines = [
+    headers = [
+        "split",
+        "store",
+        "bytes / image: memmap",
+        "FFCV",
+        "FFCV file",
+        "images/s: memmap",
+        "FFCV",
+        "memmap / FFCV",
+        "CPU s / 1k images: memmap",
+        "FFCV",
+    ]
+    cells = []
+    for ours, peer in pairs:
+        faster = ours.images_per_s / rate(peer) if ours.images_per_s and rate(peer) else None
+        cells.append(
+            [
+                ours.pipeline,
+                f"{ours.store} / {peer.extra['write_mode']}",
+                f"{ours.bytes_per_image:,.0f}",
+                f"{peer.extra['payload_bytes_per_image']:,.0f}",
+                f"{peer.extra['bytes_per_image']:,.0f}",
+                fmt(ours.images_per_s),
+                fmt(peer.images_per_s),
+                f"{fmt(faster, 2)}{'x' if faster else ''}",
+                fmt(ours.cpu_s_per_1k_images, 2),
+                fmt(peer.cpu_s_per_1k_images, 2),
+            ]
+        )
+    return [
+        "",
         "## FFCV's stores beside memmap's",
         "",
         f"At {workers} workers. FFCV's stores are written at memmap's train store's long side "
@@ -60,17 +94,5 @@ def ffcv_store_lines(rows: list[Row], stores: list[StoreRow], workers: int) -> l
         "header and page padding. memmap's val stores hold the exact centre crops, FFCV's the "
         "shrunk whole image (cropped and resized at load).",
         "",
-        "| split | store | bytes / image: memmap | FFCV | FFCV file | images/s: memmap | FFCV "
-        "| memmap / FFCV | CPU s / 1k images: memmap | FFCV |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        *markdown_table(headers, cells).splitlines(),
     ]
-    for ours, peer in pairs:
-        faster = ours.images_per_s / rate(peer) if ours.images_per_s and rate(peer) else None
-        lines.append(
-            f"| {ours.pipeline} | {ours.store} / {peer.extra['write_mode']} | "
-            f"{ours.bytes_per_image:,.0f} | {peer.extra['payload_bytes_per_image']:,.0f} | "
-            f"{peer.extra['bytes_per_image']:,.0f} | {fmt(ours.images_per_s)} | "
-            f"{fmt(peer.images_per_s)} | {fmt(faster, 2)}{'x' if faster else ''} | "
-            f"{fmt(ours.cpu_s_per_1k_images, 2)} | {fmt(peer.cpu_s_per_1k_images, 2)} |"
-        )
-    return ["", *lines]

@@ -27,8 +27,9 @@ import psutil
 
 from loaderbench.data.synthetic import SyntheticSpec, ensure_synthetic
 from loaderbench.measure.metrics import PEAK_RSS_MB
+from loaderbench.platform.tables import markdown_table
 
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(__file__).resolve().parents[2]
 IMAGENET_TRAIN = 1_281_167
 FULL = SyntheticSpec(num_classes=1000, train_per_class=250, val_per_class=10, max_side=64)
 QUICK = SyntheticSpec(num_classes=20, train_per_class=12, val_per_class=3, max_side=64)
@@ -163,18 +164,11 @@ def report_lines(result: dict[str, Any]) -> list[str]:
     scale = IMAGENET_TRAIN / result["train_files"]
     per_core = result["jpeg_build_images_per_s"] / max(1, result["jpeg_build_workers"])
 
-    def row(name: str, here: float, unit: str, projected: str) -> str:
-        return f"| {name} | {here:,.2f} {unit} | {projected} |"
+    def row(name: str, here: float, unit: str, projected: str) -> list[str]:
+        return [name, f"{here:,.2f} {unit}", projected]
 
     index, strings = result["worker_growth_mb_index"], result["worker_growth_mb_strings"]
-    return [
-        "# Scale: start-up and memory on a large tree",
-        "",
-        f"{result['files']:,} files ({result['train_files']:,} train); projection x{scale:.2f} "
-        "to ImageNet's 1,281,167 train files (scan and index grow with files).",
-        "",
-        "| measure | here | projected to ImageNet |",
-        "|---|---|---|",
+    rows = [
         row(
             "first scan (walk + stat every file)",
             result["first_scan_s"],
@@ -230,6 +224,14 @@ def report_lines(result: dict[str, Any]) -> list[str]:
             "MB",
             f"{strings['mean'] * scale:,.1f} MB",
         ),
+    ]
+    return [
+        "# Scale: start-up and memory on a large tree",
+        "",
+        f"{result['files']:,} files ({result['train_files']:,} train); projection x{scale:.2f} "
+        "to ImageNet's 1,281,167 train files (scan and index grow with files).",
+        "",
+        *markdown_table(["measure", "here", "projected to ImageNet"], rows).splitlines(),
         "",
     ]
 

@@ -9,7 +9,7 @@ decode_bench.py the decoder table: batched JPEG decode, each decoder alone and t
                 choice (decode.json); decode_rows.py its rows, decode_table.py its section
 report.py       report.md from the sweep folders (read by loaderbench.run.folders), the phases,
                 the tests, decode.json and env.json
-markdown.py     the report's table writer and cell format
+markdown.py     the report's cell format (its tables: loaderbench.platform.tables)
 plan.py         the projected time of the plan gpu_check.sh walks without running it
 gpu_kit.sh      ``make gpu-kit``: the wheels the GPU machine lacks, in .gpu-kit/
 """

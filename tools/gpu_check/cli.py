@@ -13,8 +13,8 @@ set (ImageNet's image sizes) and prints its root.
 GPU's JPEG decoder (``sharing.py``).
 
 ``python -m tools.gpu_check report --runs DIR --plan PLAN --phases PHASES ...`` writes the
-markdown report (``report.py``); standard library only, so it is written even where the kit did
-not install.
+markdown report (``report.py``); the standard library and tabulate only (the kit's wheel itself
+where the kit did not install), so it is written even then.
 """
 
 from __future__ import annotations

@@ -7,8 +7,9 @@ from __future__ import annotations
 from typing import Any
 
 from loaderbench.measure.metrics import DECODED_BY, IMAGES_PER_S
+from loaderbench.platform.tables import markdown_table
 from tools.gpu_check.decode_rows import CHOICE, DECODE_BASELINE, cases_for
-from tools.gpu_check.markdown import fmt, short, table
+from tools.gpu_check.markdown import fmt, short
 
 HEADER = [
     "decoder",
@@ -83,7 +84,7 @@ def decode_lines(result: dict[str, Any]) -> list[str]:
         for name, kind in cases_for(str(result.get("device")))
         if (name, kind) not in done
     ]
-    rows = table(HEADER, [_cells(c, base) for c in [*cases, *missing]])
+    rows = markdown_table(HEADER, [_cells(c, base) for c in [*cases, *missing]]).splitlines()
     return [*lines, "", *rows, *choice_against_engines(cases)]
 
 

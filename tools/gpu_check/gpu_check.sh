@@ -413,7 +413,12 @@ main() {
     [[ $nvjpeg == 0 ]] && note "spdl nvjpeg: not run (needs CUDA)"
     note "report written $(since "$T0") s into the check (budget ${BUDGET_S} s);" \
         "every job's files: runs.tar.gz"
-    phase report 30 "$PY" -m tools.gpu_check report --out "$OUT/report.md" \
+    # The report's tables need tabulate (loaderbench.platform.tables), a wheel of the kit: where the kit
+    # did not install, the wheel itself (pure Python: importable as a zip), last on the path.
+    local tabulate_wheel
+    tabulate_wheel=$(compgen -G "$REPO/.gpu-kit/tabulate-*.whl" | head -n 1 || true)
+    PYTHONPATH=$PYTHONPATH${tabulate_wheel:+:$tabulate_wheel} \
+        phase report 30 "$PY" -m tools.gpu_check report --out "$OUT/report.md" \
         --runs "$WORK/runs" --plan "$PLAN" --phases "$PHASES" --env "$OUT/env.json" \
         --pytest-log "$OUT/pytest.log" --decode "$OUT/decode.json" \
         --sharing "$OUT/sharing.json" --title "$mode" \

@@ -55,7 +55,8 @@ norm() {
 # Versions not pinned in requirements.txt (dependencies of what is): the ones .venv holds.
 # antlr4-python3-runtime: omegaconf and hydra-core pin 4.9.*; pyvers: tensordict's only
 # dependency the machine lacks; spdl 0.8 is a meta package over spdl_core (pure Python) and
-# spdl_io (compiled); pytest-timeout: the tests use @pytest.mark.timeout under --strict-markers.
+# spdl_io (compiled); pytest-timeout: the tests use @pytest.mark.timeout under --strict-markers;
+# tabulate (pure Python): every markdown table, the check's report among them (loaderbench.platform.tables).
 # torchcodec 0.17 (built for torch 2.14) loads on torch 2.11 too and decodes JPEGs there, its
 # batched nvJPEG decode included (0.15 and older have no image decoders); GPU_KIT_TORCHCODEC=V
 # takes another release.
@@ -72,7 +73,7 @@ declare -A EXTRA_PINS=(
     [nvidia-nvjpeg]=13.0.1.86
 )
 # From requirements.txt, in this order; spdl_core and spdl_io take spdl's version.
-PINNED=(hydra-core omegaconf tensordict spdl pytest-timeout nvidia-nvimgcodec-cu13)
+PINNED=(hydra-core omegaconf tensordict spdl pytest-timeout nvidia-nvimgcodec-cu13 tabulate)
 
 # NAME==VERSION of every wheel the kit holds.
 specs() {

@@ -1,4 +1,5 @@
-"""The GPU check report's one markdown table writer and its cell format."""
+"""The GPU check report's cell format (its tables are written by
+``loaderbench.platform.tables``)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from typing import Any
 
 def fmt(value: Any, digits: int = 3) -> str:
     """A table cell: numbers to ``digits`` significant figures (thousands separated from 100
-    up), booleans in lower case, pipes and newlines escaped so the row stays one row."""
+    up), booleans in lower case, text as it is (``markdown_table`` escapes its pipes)."""
     if value is None or value == "":
         return ""
     if isinstance(value, bool):
@@ -16,17 +17,10 @@ def fmt(value: Any, digits: int = 3) -> str:
         if abs(value) >= 100:
             return f"{value:,.0f}"
         return f"{value:.{digits}g}"
-    return str(value).replace("|", "\\|").replace("\n", " ")
+    return str(value)
 
 
 def short(text: str, limit: int = 160) -> str:
     """``text`` on one line, cut to ``limit`` characters."""
     text = " ".join(text.split())
     return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def table(header: list[str], rows: list[list[str]]) -> list[str]:
-    """A markdown table's lines; the cells are written as given (format them with ``fmt``)."""
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(cells) + " |" for cells in rows]
-    return lines

@@ -4,9 +4,10 @@ check's sweep folders as one markdown file, a row a job (its metrics by their ca
 it rests on, data wait, CPU per image, time to first batch, peak memory), failed and missing jobs
 included, with the phases' times, the tests, the decode phases' figures and the machine.
 
-Only the standard library (and PyYAML where present) is needed to write it, so it is written
-even where the kit did not install: the job folders are read by ``loaderbench.run.folders``,
-which imports neither torch nor hydra.
+Only the standard library, tabulate (its tables: ``loaderbench.platform.tables``) and PyYAML where
+present are needed to write it, so it is written even where the kit did not install (gpu_check.sh
+then imports tabulate from the kit's wheel itself): the job folders are read by
+``loaderbench.run.folders``, which imports neither torch nor hydra.
 """
 
 from __future__ import annotations
@@ -24,10 +25,11 @@ from loaderbench.measure.metrics import (
     gpu_check_columns,
     report_cell,
 )
+from loaderbench.platform.tables import markdown_table
 from loaderbench.run.folders import read_jobs
 from tools.gpu_check.decode_table import decode_lines
 from tools.gpu_check.machine import PACKAGES
-from tools.gpu_check.markdown import fmt, short, table
+from tools.gpu_check.markdown import fmt, short
 from tools.gpu_check.sharing import sharing_lines
 
 # The figures a row shows, from each job's metrics.json, in this order, by their names in the
@@ -165,15 +167,13 @@ def with_ceiling(rows: list[Row], ceiling: dict[str, float]) -> None:
 
 def rows_table(rows: list[Row]) -> list[str]:
     header = ["loader", "workers", "status", *ROW_METRICS, "note"]
-    return table(
-        header,
-        [
-            [row.loader, row.workers, row.status]
-            + [cell(k, row.metrics.get(k)) for k in ROW_METRICS]
-            + [_details(row)]
-            for row in rows
-        ],
-    )
+    cells = [
+        [row.loader, row.workers, row.status]
+        + [cell(k, row.metrics.get(k)) for k in ROW_METRICS]
+        + [_details(row)]
+        for row in rows
+    ]
+    return markdown_table(header, cells).splitlines()
 
 
 def _pytest_summary(path: Path | None) -> tuple[str, list[str]]:
@@ -212,7 +212,7 @@ def _env_lines(env: dict[str, Any]) -> list[str]:
     for name, probe in env.get("probes", {}).items():
         state = "loads" if probe.get("loaded") else "**does not load**"
         rows.append([f"import {name}", f"{state}: {fmt(short(str(probe.get('detail'))))}"])
-    return table(["what", "value"], rows)
+    return markdown_table(["what", "value"], rows).splitlines()
 
 
 def _benchmark_lines(runs: Path, sweeps: list[Sweep]) -> tuple[list[str], int, int]:
@@ -285,7 +285,7 @@ def write_report(
     lines += [f"- {note}" for note in notes]
     lines += ["", "## Phases", ""]
     phase_cells = [[*phase, "", "", "", ""][:4] for phase in phase_rows]
-    lines += table(["phase", "seconds", "budget s", "exit code"], phase_cells)
+    lines += markdown_table(["phase", "seconds", "budget s", "exit code"], phase_cells).splitlines()
 
     summary, test_notes = _pytest_summary(pytest_log)
     lines += ["", "## Tests (`pytest -m cuda`)", "", f"`{summary}`", ""]

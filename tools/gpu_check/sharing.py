@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from loaderbench.measure.metrics import IMAGES_PER_S
-from tools.gpu_check.markdown import fmt, short, table
+from loaderbench.platform.tables import markdown_table
+from tools.gpu_check.markdown import fmt, short
 
 # (mode, threads, decoders, images a call): the question's three answers, and smaller calls.
 MODES = (
@@ -150,4 +151,4 @@ def sharing_lines(result: dict[str, Any]) -> list[str]:
         ]
         for case in result.get("cases", [])
     ]
-    return [*lines, "", *table([*header, "CPU ms / image", "note"], rows)]
+    return [*lines, "", *markdown_table([*header, "CPU ms / image", "note"], rows).splitlines()]

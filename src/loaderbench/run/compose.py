@@ -1,4 +1,4 @@
-"""What Hydra composes against: the schemas of ``loaderbench.config`` and each loader's keys
+"""What Hydra composes against: the schemas of ``loaderbench.config.schema`` and each loader's keys
 registered with Hydra's ConfigStore, and the resolvers the YAML under ``conf/`` uses.
 
 Each config group under ``conf/`` pulls in its schema through its defaults list (``defaults:

@@ -2,7 +2,7 @@
 
 Composition already rejects wrong types and unknown keys given as ``key=value``; this also
 catches keys added with ``+key=value`` inside a group, values outside their range (each
-schema's ``__post_init__``, in ``loaderbench.config``) and names no registry knows (the
+schema's ``__post_init__``, in ``loaderbench.config.schema``) and names no registry knows (the
 optimiser, the schedule, the device, the precision: the registries live above the schemas). It
 is the one place the composed node is read: ``validate_config`` returns the whole typed run
 config, whose pieces the run's rooms take as they are, never re-applying a default or
@@ -16,8 +16,8 @@ from dataclasses import fields
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from loaderbench.config.checks import ConfigError, require_one_of
 from loaderbench.config.schema import SCHEMAS, RunConfig
+from loaderbench.config.checks import ConfigError, require_one_of
 from loaderbench.loaders import LoaderSettings, loader_names, settings_class
 from loaderbench.platform.runtime import DEVICE_TYPES, PRECISIONS
 from loaderbench.training.optim import OPTIMIZERS, SCHEDULES

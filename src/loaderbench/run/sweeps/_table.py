@@ -22,6 +22,7 @@ from loaderbench.measure.metrics import (
     SPREAD,
     TOP1,
 )
+from loaderbench.platform.tables import markdown_table
 from loaderbench.run.sweeps._ranking import Ranking, WorkersChoice, rate
 
 Column = tuple[str, str, Callable[[object], str]]  # key, heading, cell
@@ -49,7 +50,7 @@ def _lead(value: object) -> str:
 
 
 def _text(value: object) -> str:
-    return "" if value is None else str(value).replace("|", "\\|").replace("\n", " ")
+    return "" if value is None else str(value)
 
 
 def lead_columns(ranking: Ranking) -> list[Column]:
@@ -76,14 +77,9 @@ def lead_columns(ranking: Ranking) -> list[Column]:
     return columns
 
 
-def markdown(headings: list[str], cells: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(headings) + " |", "|" + "---|" * len(headings)]
-    lines += ["| " + " | ".join(row) + " |" for row in cells]
-    return "\n".join(lines) + "\n"
-
-
 def table(columns: list[Column], rows: list[dict]) -> str:
-    return markdown([c[1] for c in columns], [[c[2](r.get(c[0])) for c in columns] for r in rows])
+    cells = [[c[2](r.get(c[0])) for c in columns] for r in rows]
+    return markdown_table([c[1] for c in columns], cells) + "\n"
 
 
 def summary_markdown(title: str, ranking: Ranking) -> str:
@@ -146,7 +142,7 @@ def workers_section(choice: WorkersChoice) -> str:
         ]
         for row in choice.rows
     ]
-    return said + markdown(headings, cells)
+    return said + markdown_table(headings, cells) + "\n"
 
 
 def _apart_columns(ranking: Ranking, key: str, heading: str) -> list[Column]:
