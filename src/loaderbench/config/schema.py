@@ -18,8 +18,8 @@ from typing import Any
 
 from omegaconf import MISSING
 
-from loaderbench.config.loader import AUTO, LoaderSettings, is_worker_count
 from loaderbench.config.checks import require, require_one_of, require_range_pair
+from loaderbench.config.loader import AUTO, LoaderSettings, is_worker_count
 
 ON_ERROR = ("skip", "raise")
 # dataset.index_check: how a saved dataset index is checked against the disk.

@@ -16,8 +16,8 @@ from dataclasses import fields
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from loaderbench.config.schema import SCHEMAS, RunConfig
 from loaderbench.config.checks import ConfigError, require_one_of
+from loaderbench.config.schema import SCHEMAS, RunConfig
 from loaderbench.loaders import LoaderSettings, loader_names, settings_class
 from loaderbench.platform.runtime import DEVICE_TYPES, PRECISIONS
 from loaderbench.training.optim import OPTIMIZERS, SCHEDULES

@@ -6,8 +6,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from loaderbench.config.loader import LoaderSettings
 from loaderbench.config.checks import require, require_one_of
+from loaderbench.config.loader import LoaderSettings
 
 STORES = ("raw", "jpeg")
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from loaderbench.config.loader import LoaderSettings
 from loaderbench.config.checks import require_timeout
+from loaderbench.config.loader import LoaderSettings
 
 
 @dataclass
