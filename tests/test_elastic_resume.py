@@ -24,20 +24,14 @@ import torch
 
 from loaderbench.data.synthetic import SyntheticSpec, ensure_synthetic
 from loaderbench.loaders import file_loader_names
-from loaderbench.loaders.base import epoch_permutation, shard_indices, training_places
-from loaderbench.run.elastic import (
-    continued_rank_state,
-    images_gone_through,
-    per_rank_batch,
-    resumed_epoch,
-)
+from loaderbench.loaders.base import training_places
+from loaderbench.run.elastic import continued_rank_state, per_rank_batch, resumed_epoch
 from loaderbench.run.ledger import SampleLedger
 from loaderbench.run.validation import ConfigError
 from tests.conftest import (
     finish,
     loader_folder_overrides,
     read_metrics,
-    run_dirs,
     run_entry,
     start_torchrun,
     torchrun,
@@ -281,71 +275,6 @@ def test_the_ledger_counts_each_image_once_and_catches_a_repeat_after_a_restore(
     last.tally(1, torch.tensor([], dtype=torch.int64))
     last.close_epoch(1)
     assert last.metrics()["epoch_samples"] == [10, 4]
-
-
-def older_mid_epoch_state(positions: list[int], steps: int, batch: int) -> dict:
-    """A checkpoint of format 3 or below stopped ``steps`` steps into epoch 1: no train set,
-    world size, global batch nor ledger; each rank's ``position`` (format 1: no ``ranks``)."""
-    state: dict = {"epoch": 1, "batches": steps, "config": {"loader": {"batch_size": batch}}}
-    if positions:
-        state["ranks"] = [{"position": p} for p in positions]
-    return state
-
-
-@pytest.mark.parametrize("positions", [[3], []])
-def test_an_older_checkpoint_resumes_mid_epoch_on_as_many_ranks(positions: list[int]) -> None:
-    """A checkpoint older than elastic resume (no ``train_set``) continues on the ranks that
-    trained it, each from its own position: no shared-out order needed, nothing refused."""
-    assert resumed_epoch(older_mid_epoch_state(positions, 3, 4), len(positions) or 1) is None
-
-
-def test_an_older_checkpoints_epoch_under_way_is_rebuilt_into_the_ledger() -> None:
-    """A checkpoint older than the ledger, stopped mid-epoch on 2 ranks: the images its ranks
-    had gone through (each rank's share of the seeded order up to its position) count as
-    seen, so the resumed epoch reads whole and without repeats; the epoch before it, which
-    nobody counted, is None and the lists stay indexed by epoch."""
-    images, batch, seed = 44, 4, 7
-    state = older_mid_epoch_state([3, 3], 3, batch)
-    trained = images_gone_through(state, 2, images, seed)
-    order = epoch_permutation(images, seed, 1, shuffle=True)
-    gone = [shard_indices(order, batch, True, r, 2)[: 3 * batch] for r in range(2)]
-    assert sorted(trained.tolist()) == sorted(torch.cat(gone).tolist())
-    ledger = SampleLedger(images)
-    ledger.restore_older(1, trained)
-    rest = [shard_indices(order, batch, True, r, 2)[3 * batch :] for r in range(2)]
-    ledger.tally(1, torch.cat(rest))
-    ledger.close_epoch(1)
-    assert ledger.metrics() == {"epoch_samples": [None, 40], "epoch_repeats": [None, 0]}
-    at_end = SampleLedger(images)  # stopped at an epoch's end: nothing under way
-    at_end.restore_older(2, None)
-    assert at_end.metrics() == {"epoch_samples": [None, None], "epoch_repeats": [None, None]}
-
-
-@pytest.mark.slow
-def test_an_older_mid_epoch_checkpoint_resumes_and_counts_its_epoch_whole(
-    tiny_root: Path, tmp_path: Path
-) -> None:
-    """A real checkpoint made into one of format 3 (stopped 2 steps into epoch 2 of 2, on one
-    rank, with no train set, world size, global batch nor ledger) resumes with
-    train.resume=true on as many ranks, and its epoch counts every image once."""
-    recipe = [o for o in RECIPE if not o.startswith("epochs=")]
-    common = [f"dataset.root={tiny_root}", *recipe, "epochs=2"]
-    (tmp_path / "a").mkdir()
-    run_entry("train.py", *common, "train.stop_after_epochs=1", cwd=tmp_path / "a")
-    (first,) = run_dirs(tmp_path / "a", "train")
-    state = torch.load(first / "checkpoint.pt", weights_only=True)
-    for key in ("world_size", "global_batch", "train_set", "order_base", "ledger"):
-        state.pop(key)
-    state.update(format_version=3, epoch=1, batches=2)
-    state["ranks"][0].update(position=2, epoch_loss=(0.0, 0))
-    older = tmp_path / "older.pt"
-    torch.save(state, older)
-    resumed = tmp_path / "b"
-    resumed.mkdir()
-    run_entry("train.py", *common, "train.resume=true", f"checkpoint={older}", cwd=resumed)
-    metrics = read_metrics(run_dirs(resumed, "train")[0])
-    assert metrics["status"] == "ok"
-    assert metrics["epoch_samples"] == [None, 24] and metrics["epoch_repeats"] == [None, 0]
 
 
 def test_a_relaunch_that_finds_no_checkpoint_says_where_it_looked(

@@ -185,23 +185,3 @@ def test_two_ranks_resume_each_from_its_own_place_in_the_order(
     assert resumed["epoch"] == expected["epoch"] == 2
     assert resumed["scheduler"]["last_epoch"] == expected["scheduler"]["last_epoch"]
     assert_same_weights(resumed, expected)
-
-
-def test_a_checkpoint_without_positions_resumes_from_its_steps(
-    bad_batch_root: Path, tmp_path: Path
-) -> None:
-    """A checkpoint of format 2 (before positions were kept) still resumes: from as many
-    batches of the order as it took steps, as that version did."""
-    common = [f"dataset.root={bad_batch_root}", "loader=torchvision", *RECIPE]
-    run_dir = tmp_path / "preempted" / "run"
-    run_dir.parent.mkdir()
-    train_run(*common, run_dir=run_dir, preempt=True)
-    state = torch.load(run_dir / "checkpoint.pt", weights_only=True)
-    for rank in state["ranks"]:
-        del rank["position"]
-    old = tmp_path / "format2.pt"
-    torch.save({**state, "format_version": 2}, old)
-
-    proc = run_entry("train.py", *common, "train.resume=true", f"checkpoint={old}", cwd=tmp_path)
-    said = proc.stdout + proc.stderr
-    assert f"and {BAD_BATCH + 1} steps (batch {BAD_BATCH + 1} of its order on)" in said, said

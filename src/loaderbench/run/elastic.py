@@ -30,8 +30,9 @@ import torch
 from loaderbench.config.schema import RunConfig
 from loaderbench.data.resumed import ResumedEpoch
 from loaderbench.loaders import LoaderSettings
-from loaderbench.loaders.base import epoch_permutation, training_places
-from loaderbench.run.resume_rules import Resumable, global_batch, saved_ranks
+from loaderbench.loaders.base import training_places
+from loaderbench.run.checkpoint import check_format
+from loaderbench.run.resume_rules import Resumable
 from loaderbench.run.validation import ConfigError
 
 log = logging.getLogger(__name__)
@@ -62,7 +63,8 @@ def fit_to_checkpoint(config: RunConfig, resumable: Resumable | None, ranks: int
     """Before anything is built: a resumed training run takes the checkpoint's global batch
     over its ``ranks`` (``batch_size`` = G / ranks, logged where it changes; a count that does
     not divide G is refused, naming both). ``config.loader`` as it is for a fresh run. A
-    checkpoint that cannot be read is left to the resume itself to report."""
+    checkpoint that cannot be read is left to the resume itself to report; one of another
+    format is refused here, before any loader is built (``check_format``)."""
     asked = Continued(config.loader)
     path = resume_path(config, resumable)
     if path is None or not path.is_file():
@@ -73,7 +75,8 @@ def fit_to_checkpoint(config: RunConfig, resumable: Resumable | None, ranks: int
         return asked
     if not isinstance(state, dict) or "config" not in state:
         return asked
-    saved, images = saved_ranks(state, ranks), global_batch(state, ranks)
+    check_format(state, path)
+    saved, images = int(state["world_size"]), int(state["global_batch"])
     batch = per_rank_batch(images, saved, ranks)
     if saved != ranks or batch != config.loader.batch_size:
         log.info(
@@ -118,54 +121,29 @@ def resumed_epoch(state: dict[str, Any], ranks: int) -> ResumedEpoch | None:
     """The interrupted epoch as ``ranks`` ranks continue it; None where the checkpoint is at
     an epoch's end, or where the same number of ranks continue an epoch that was not itself
     resumed on another number (each rank then continues from its own ``position``)."""
-    if not int(state.get("batches", 0)):
+    if not int(state["batches"]):
         return None
-    epoch, saved = int(state["epoch"]), saved_ranks(state, ranks)
-    if saved == ranks and state.get("order_base") is None:
-        # Each rank continues from its own position: nothing here needs the train set's size,
-        # which a checkpoint older than elastic resume does not record.
-        return None
-    images = train_images(state)
+    epoch, saved = int(state["epoch"]), int(state["world_size"])
+    images = int(state["train_set"]["images"])
     if saved == ranks:
-        base = unpack_places(state.get("order_base"), images)
+        base = unpack_places(state["order_base"], images)
         return None if base is None else ResumedEpoch(epoch, base)
-    return ResumedEpoch(epoch, places_gone_through(state, ranks, images))
+    return ResumedEpoch(epoch, places_gone_through(state, images))
 
 
-def places_gone_through(state: dict[str, Any], ranks: int, images: int) -> torch.Tensor:
+def places_gone_through(state: dict[str, Any], images: int) -> torch.Tensor:
     """The places of the interrupted epoch's global order (bool, one per place) that the
     checkpoint's ranks had gone through, each up to its saved ``position``."""
     # The places the interrupted epoch's order was shared from (a resume on another number
     # of ranks before): each rank's position counts batches of that order.
-    base = unpack_places(state.get("order_base"), images)
-    saved = saved_ranks(state, ranks)
+    base = unpack_places(state["order_base"], images)
+    saved = int(state["world_size"])
     done = torch.zeros(images, dtype=torch.bool) if base is None else base.clone()
-    per_rank, steps = global_batch(state, ranks) // saved, int(state["batches"])
-    rank_states = state.get("ranks") or [{}] * saved
-    for rank, mine in enumerate(rank_states):
+    per_rank = int(state["global_batch"]) // saved
+    for rank, mine in enumerate(state["ranks"]):
         places = training_places(images, per_rank * saved, rank, saved, base)
-        done[places[: int(mine.get("position", steps)) * per_rank]] = True
+        done[places[: int(mine["position"]) * per_rank]] = True
     return done
-
-
-def images_gone_through(state: dict[str, Any], ranks: int, images: int, seed: int) -> torch.Tensor:
-    """The images (indices of the train set) of a checkpoint stopped in the middle of an epoch
-    that its ranks had gone through: what a checkpoint older than the ledger (format 3 or
-    below) did not keep, rebuilt from the ranks' positions in the epoch's order. Files
-    skipped as unreadable before the stop are counted as gone through (no checkpoint kept
-    them)."""
-    order = epoch_permutation(images, seed, int(state["epoch"]), shuffle=True)
-    return order[places_gone_through(state, ranks, images)]
-
-
-def train_images(state: dict[str, Any]) -> int:
-    signature = state.get("train_set")
-    if not signature:
-        raise ValueError(
-            "this checkpoint is older than resuming on another number of ranks (it does not "
-            "record its train set): resume it on the number of ranks that trained it"
-        )
-    return int(signature["images"])
 
 
 def continued_rank_state(saved: list[dict[str, Any]], rank: int, ranks: int) -> dict[str, Any]:
@@ -174,9 +152,9 @@ def continued_rank_state(saved: list[dict[str, Any]], rank: int, ranks: int) -> 
     own, seeded ``seed + rank``), the interrupted epoch's running loss over every saved rank
     (a share of it each, so the mean over ranks is the epoch's), and position 0 of its new
     share of the order (``ResumedEpoch``)."""
-    total = sum(float(state.get("epoch_loss", (0.0, 0))[0]) for state in saved)
-    count = sum(state.get("epoch_loss", (0.0, 0))[1] for state in saved)
+    total = sum(float(state["epoch_loss"][0]) for state in saved)
+    count = sum(state["epoch_loss"][1] for state in saved)
     state: dict[str, Any] = {"epoch_loss": (total / ranks, count / ranks), "position": 0}
-    if rank < len(saved) and "rng" in saved[rank]:
+    if rank < len(saved):
         state["rng"] = saved[rank]["rng"]
     return state

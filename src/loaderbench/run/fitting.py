@@ -26,19 +26,9 @@ from loaderbench.run.checkpoint import (
     save_checkpoint,
     set_rng_state,
 )
-from loaderbench.run.elastic import (
-    continued_rank_state,
-    images_gone_through,
-    pack_places,
-    resume_path,
-)
+from loaderbench.run.elastic import continued_rank_state, pack_places, resume_path
 from loaderbench.run.ledger import SampleLedger
-from loaderbench.run.resume_rules import (
-    ResumingRun,
-    check_resumable,
-    saved_ranks,
-    train_set_signature,
-)
+from loaderbench.run.resume_rules import ResumingRun, check_resumable, train_set_signature
 from loaderbench.run.session import Session
 from loaderbench.training.loops import (
     EvalCounts,
@@ -113,19 +103,6 @@ class Start:
     position: int = 0
 
 
-def restore_ledger(ledger: SampleLedger, session: Session, state: dict[str, Any]) -> None:
-    """The checkpoint's ledger; a checkpoint older than it (format 3 or below) stopped in the
-    middle of an epoch: the images its ranks had gone through, rebuilt from their positions."""
-    if state.get("ledger"):
-        ledger.restore(state["ledger"])
-        return
-    trained = None
-    if int(state.get("batches", 0)):
-        images, ranks = len(session.dataset.train), session.dist.world_size
-        trained = images_gone_through(state, ranks, images, session.config.seed)
-    ledger.restore_older(int(state["epoch"]), trained)
-
-
 def resume(session: Session, training: Training, path: Path) -> Start:
     """Load a checkpoint into the training state (this rank's random streams and running
     loss included); returns where to continue from."""
@@ -136,23 +113,17 @@ def resume(session: Session, training: Training, path: Path) -> Start:
     check_resumable(state, path, run)
     load_training_state(training, state)
     if training.ledger is not None:
-        restore_ledger(training.ledger, session, state)
+        training.ledger.restore(state["ledger"])
     world = session.dist.world_size
-    # Format 1 kept rank 0's random state alone.
-    ranks = state.get("ranks") or [{"rng": state["rng"]}] * saved_ranks(state, world)
-    if saved_ranks(state, world) == world:
-        mine = ranks[session.dist.rank]
+    if int(state["world_size"]) == world:
+        mine = state["ranks"][session.dist.rank]
     else:  # another number of ranks shares out the rest of the epoch (``elastic``)
-        mine = continued_rank_state(ranks, session.dist.rank, world)
-    if "rng" in mine:
+        mine = continued_rank_state(state["ranks"], session.dist.rank, world)
+    if "rng" in mine:  # else a rank beyond the checkpoint's: its own streams, seeded
         set_rng_state(mine["rng"])
     epoch_loss = Average()
-    epoch_loss.total, epoch_loss.count = mine.get("epoch_loss", (0.0, 0))
-    batches = int(state.get("batches", 0))
-    # A checkpoint of format 2 or older kept the steps alone: its run continues from that
-    # many batches of the order, as those versions did (a batch again if one before the stop
-    # was left out, all its files unreadable).
-    position = int(mine.get("position", batches))
+    epoch_loss.total, epoch_loss.count = mine["epoch_loss"]
+    batches, position = int(state["batches"]), int(mine["position"])
     start = Start(int(state["epoch"]), batches, epoch_loss, position)
     log.info(
         "resuming from %s after %d epochs%s, to %d",
@@ -282,7 +253,7 @@ def load_training_state(training: Training, state: dict[str, Any]) -> None:
     training.model.load_state_dict(state["model"])
     load_optimizer_state(training.optimizer, state["optimizer"])
     training.scheduler.load_state_dict(state["scheduler"])
-    if state.get("scaler") and training.step.scaler.is_enabled():
+    if state["scaler"] and training.step.scaler.is_enabled():
         training.step.scaler.load_state_dict(state["scaler"])
 
 

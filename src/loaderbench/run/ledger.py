@@ -9,9 +9,7 @@ stop in the middle of an epoch keeps the epoch's images so far as a bitmap (``np
 160 KB for ImageNet's 1.28 M images) and those trained more than once, so the resumed run
 continues the count and catches an image trained again after the resume. metrics.json:
 ``epoch_samples`` (distinct images trained on, per epoch) and ``epoch_repeats`` (images trained
-on more than once in an epoch), lists indexed by epoch: a run resumed from a checkpoint older
-than the ledger (format 3 or below) has None for the epochs trained before it (nobody counted
-them).
+on more than once in an epoch), lists indexed by epoch.
 """
 
 from __future__ import annotations
@@ -29,9 +27,8 @@ class SampleLedger:
 
     def __init__(self, images: int) -> None:
         self.images = images
-        # Indexed by epoch; None: an epoch trained before a checkpoint older than the ledger.
-        self.epoch_samples: list[int | None] = []
-        self.epoch_repeats: list[int | None] = []
+        self.epoch_samples: list[int] = []  # indexed by epoch
+        self.epoch_repeats: list[int] = []
         self.epoch: int | None = None  # the epoch ``seen`` and ``repeated`` are of
         self.seen = torch.zeros(images, dtype=torch.bool)
         self.repeated = torch.zeros(images, dtype=torch.bool)
@@ -59,7 +56,7 @@ class SampleLedger:
         self.seen.zero_()
         self.repeated.zero_()
 
-    def metrics(self) -> dict[str, list[int | None]]:
+    def metrics(self) -> dict[str, list[int]]:
         return {
             "epoch_samples": list(self.epoch_samples),
             "epoch_repeats": list(self.epoch_repeats),
@@ -85,14 +82,3 @@ class SampleLedger:
         self.seen = torch.from_numpy(bits.astype(bool))
         self.repeated.zero_()
         self.repeated[torch.tensor(state["repeated"], dtype=torch.int64)] = True
-
-    def restore_older(self, epochs: int, trained: torch.Tensor | None) -> None:
-        """Continue from a checkpoint older than the ledger (format 3 or below) taken after
-        ``epochs`` epochs: those get None (nobody counted them), so the lists stay indexed
-        by epoch; stopped in the middle of the next, its images ``trained`` before the stop
-        (``elastic.images_gone_through``) count as seen, or the epoch would read as short."""
-        self.epoch_samples = [None] * epochs
-        self.epoch_repeats = [None] * epochs
-        if trained is not None:
-            self._start(epochs)
-            self.seen[trained] = True

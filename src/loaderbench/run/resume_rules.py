@@ -35,7 +35,7 @@ import torch
 from loaderbench.config.schema import RunConfig
 from loaderbench.data.discovery import Split
 from loaderbench.data.splits import DatasetIndex
-from loaderbench.run.checkpoint import CHECKPOINT_FILE
+from loaderbench.run.checkpoint import CHECKPOINT_FILE, check_format
 
 log = logging.getLogger(__name__)
 
@@ -125,11 +125,14 @@ def find_resumable(
     if not same_run(composed, state.get("config", {})):
         log.warning("%s holds a run of another config: not resuming from it", path)
         return None
-    epoch, batches = int(state["epoch"]), int(state.get("batches", 0))
+    # This run's own checkpoint, in a format this version does not read: refused rather than
+    # left alone, for a fresh start would overwrite it with the first epoch's.
+    check_format(state, path)
+    epoch, batches = int(state["epoch"]), int(state["batches"])
     if epoch >= config.epochs and not batches:
         return None  # a finished run
     log.info("%s holds this run, stopped after %d epochs and %d batches", path, epoch, batches)
-    return Resumable(path, int(state.get("requeues", 0)), state.get("wandb_run_id"))
+    return Resumable(path, int(state["requeues"]), state["wandb_run_id"])
 
 
 def note_fresh_start(config: RunConfig, run_dir: Path, task: str, world_size: int) -> None:
@@ -145,19 +148,6 @@ def note_fresh_start(config: RunConfig, run_dir: Path, task: str, world_size: in
             "hydra.run.dir=..., or give checkpoint=PATH train.resume=true)",
             run_dir,
         )
-
-
-def saved_ranks(state: dict[str, Any], ranks: int) -> int:
-    """The ranks that trained the checkpoint (``ranks`` for one that does not say)."""
-    return int(state.get("world_size", ranks))
-
-
-def global_batch(state: dict[str, Any], ranks: int) -> int:
-    """The checkpoint's images per step over every rank (older ones kept the per-rank batch
-    and the world size)."""
-    if "global_batch" in state:
-        return int(state["global_batch"])
-    return int(state["config"]["loader"]["batch_size"]) * saved_ranks(state, ranks)
 
 
 @dataclass(frozen=True)
@@ -194,14 +184,14 @@ def check_resumable(state: dict[str, Any], path: Path, run: ResumingRun) -> None
     # be kept, and the session took it over before any loader was built.
     ranks = run.ranks
     kept = run.batch_size * ranks
-    if kept != global_batch(state, ranks):
+    if kept != int(state["global_batch"]):
         raise ValueError(
             f"global batch {kept} ({ranks} ranks x loader.batch_size="
             f"{run.batch_size}) but checkpoint {path} was trained with "
-            f"{global_batch(state, ranks)}; a resumed run must keep it"
+            f"{state['global_batch']}; a resumed run must keep it"
         )
     signature = train_set_signature(run.dataset.train)
-    saved = state.get("train_set", signature)
+    saved = state["train_set"]
     if saved != signature:
         raise ValueError(
             f"dataset: the train set ({signature['images']} images) is not the one checkpoint "
