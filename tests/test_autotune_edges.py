@@ -93,6 +93,7 @@ def make_session(
         NullLogger(),
         monitor,
         OmegaConf.to_container(cfg, resolve=True),
+        config.loader,
     )
 
 

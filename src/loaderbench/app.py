@@ -63,7 +63,7 @@ def measure_loader(session: Session, loader: Loader) -> dict[str, Any]:
     """model=none: the loader alone, over ``bench.epochs`` passes (auto: until the steady
     window is a measurement, ``run.autorange``)."""
     meter, window = session.meter(), CpuWindow(session.monitor)
-    name, bench = session.config.loader.name, session.config.bench
+    name, bench = session.loader.name, session.config.bench
 
     def one_pass(epoch: int, next_epoch: bool) -> None:
         loader.set_epoch(epoch, next_epoch=next_epoch)
@@ -111,13 +111,13 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         config = session.config
         image_size = config.image_size
         model = build_model(config.model, session.dataset.num_classes, session.device)
-        settings = settle_num_workers(session, training_workload(session, model, image_size))
-        with session.open_loader("train", settings, train=True, image_size=image_size) as loader:
+        settle_num_workers(session, training_workload(session, model, image_size))
+        with session.open_loader("train", train=True, image_size=image_size) as loader:
             if model is None:
                 measured = measure_loader(session, loader)
                 session.record(measured, epochs=measured["passes"])
             else:
-                val = session.open_loader("val", settings, train=False, image_size=image_size)
+                val = session.open_loader("val", train=False, image_size=image_size)
                 with val as val_loader:
                     for epoch_metrics in fit_epochs(session, model, loader, val_loader):
                         session.record(epoch_metrics)
@@ -197,8 +197,8 @@ def evaluate_checkpoint(cfg: DictConfig) -> dict[str, Any]:
             session.record(model=trained.name, checkpoint=trained.checkpoint)
         bare = trained.model if trained is not None else None
         workload = evaluation_workload(session, bare, image_size, trained and trained.name)
-        settings = settle_num_workers(session, workload)
-        with session.open_loader("val", settings, train=False, image_size=image_size) as loader:
+        settle_num_workers(session, workload)
+        with session.open_loader("val", train=False, image_size=image_size) as loader:
             if trained is None:
                 session.record(measure_loader(session, loader))
             else:

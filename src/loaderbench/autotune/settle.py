@@ -22,7 +22,6 @@ from loaderbench.autotune.memory import memory_apart
 from loaderbench.autotune.policy import choose
 from loaderbench.autotune.probe import prepare_splits, probe
 from loaderbench.autotune.workload import Workload
-from loaderbench.loaders import LoaderSettings
 from loaderbench.measure.metrics import IMAGES_PER_S
 from loaderbench.platform import distributed
 from loaderbench.platform.runtime import cpus_allowed, set_intra_op_threads
@@ -44,17 +43,16 @@ def job_cpus(own: int) -> int:
     return max(1, int(fewest))
 
 
-def settle_num_workers(session: Session, workload: Workload) -> LoaderSettings:
-    """The loader's settings the run builds its loaders with: ``session.loader`` as it is for
-    a count given as a number; for ``loader.num_workers=auto``, with the count remembered for
-    this key, or probed (and then remembered), torch's intra-op threads set for it and the
-    probe's figures recorded. Then, with ``bench.drop_page_cache=true``, the files the probe
+def settle_num_workers(session: Session, workload: Workload) -> None:
+    """Settle the run's loader settings (``session.loader``): as they are for a count given as
+    a number; for ``loader.num_workers=auto``, with the count remembered for this key, or
+    probed (and then remembered), torch's intra-op threads set for it and the probe's figures
+    recorded. Then, with ``bench.drop_page_cache=true``, the files the probe
     read are evicted (``session.prepare_page_cache`` left that to here), so the run starts as
     cold as a pinned count's."""
     settings = session.loader
-    assert settings is not None  # the session sets it
     if not settings.auto_workers:
-        return settings
+        return
     started = time.perf_counter()
     own = cpus_allowed()
     cpus = job_cpus(own)  # a collective: every rank, before anything that differs by rank
@@ -82,13 +80,13 @@ def settle_num_workers(session: Session, workload: Workload) -> LoaderSettings:
     log_decision(decision, reused, path)
     if session.config.bench.drop_page_cache:
         evict_page_cache(session.dataset, settings.folders())
-    return dataclasses.replace(settings, num_workers=decision.num_workers)
+    session.loader = dataclasses.replace(settings, num_workers=decision.num_workers)
 
 
 def probe_and_choose(session: Session, workload: Workload, cpus: int, started: float) -> Decision:
     """The probe on every rank, rank 0's choice broadcast; the probe's peak memory recorded
     apart from the run's (``autotune_peak_rss_mb``, summed over ranks as ``peak_rss_mb``)."""
-    options = session.config.loader.autotune
+    options = session.loader.autotune
     with memory_apart(session.monitor) as probe_peak:
         rows = probe(workload, options, cpus, session.monitor, session.config.runtime.threads)
     (count,) = distributed.broadcast_values([choose(rows, options.tolerance)])

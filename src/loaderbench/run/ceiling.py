@@ -141,7 +141,7 @@ def job_ceiling(
     metrics = session.metrics
     if model is None:
         return no_ceiling(NO_MODEL_REASON)
-    if session.config.loader.name == RESIDENT:
+    if session.loader.name == RESIDENT:
         return with_ceiling(metrics, metrics.get(IMAGES_PER_S), "this job (loader=resident)")
     wanted = session.config.bench.ceiling_batches
     if wanted == 0:

@@ -98,6 +98,11 @@ class Session:
     # The config as composed (resolved; ``num_workers`` as asked), a plain dict converted
     # once: W&B's config, the checkpoint's, and what resume's "same run?" rule compares.
     composed: dict[str, Any]
+    # The run's one set of loader settings, settled: ``config.loader`` with the per-rank batch
+    # of a resume on another number of ranks (``fit_to_checkpoint``), and the count
+    # ``num_workers=auto`` settles on (``autotune.settle_num_workers``) once it has. What every
+    # loader is built with, and what ``run_config.json`` records.
+    loader: LoaderSettings
     metrics: dict[str, Any] = field(default_factory=dict)
     eval_steps: int = 0  # batches over every evaluation pass so far: the eval curves' axis
     resumable: Resumable | None = None  # the run directory's own checkpoint, to continue
@@ -108,15 +113,6 @@ class Session:
     skipped: dict[str, set[int]] = field(default_factory=dict)
     # A resume on another number of ranks: the interrupted epoch, as these ranks continue it.
     resumed_epoch: ResumedEpoch | None = None
-    # ``config.loader`` with the per-rank batch of a resume on another number of ranks
-    # (``fit_to_checkpoint``); ``num_workers`` as asked ("auto" before the probe settles it).
-    loader: LoaderSettings | None = None
-    # The settings the run's loaders were built with (``open_loader``'s): ``run_config.json``.
-    ran_with: LoaderSettings | None = None
-
-    def __post_init__(self) -> None:
-        if self.loader is None:
-            self.loader = self.config.loader
 
     def record(self, values: dict[str, Any] | None = None, **more: Any) -> None:
         """Add a step's numbers to the run's metrics (metrics.json and the W&B summary)."""
@@ -130,14 +126,14 @@ class Session:
         image_size: int,
         settings: LoaderSettings | None = None,
     ) -> LoaderSpec:
-        """``split``'s loader spec, with ``settings`` (default: ``loader``, the settled batch)."""
+        """``split``'s loader spec, with ``settings`` (default: the run's, ``loader``)."""
         config = self.config
         return LoaderSpec(
             split=self.dataset.split(split),
             train=train,
             image_size=image_size,
             device=self.device,
-            settings=settings or self.loader or config.loader,
+            settings=settings or self.loader,
             seed=config.seed,
             rrc_scale=tuple(config.augment.scale),
             rrc_ratio=tuple(config.augment.ratio),
@@ -148,14 +144,10 @@ class Session:
         )
 
     @contextmanager
-    def open_loader(
-        self, split: str, settings: LoaderSettings, *, train: bool, image_size: int
-    ) -> Iterator[Loader]:
-        """The loader for ``split`` with the run's settled ``settings`` (``settle_num_workers``'
-        return); closed, and its numbers recorded, at the end."""
-        spec = self.loader_spec(split, train=train, image_size=image_size, settings=settings)
-        self.ran_with = settings
-        loader = build_loader(spec)
+    def open_loader(self, split: str, *, train: bool, image_size: int) -> Iterator[Loader]:
+        """The loader for ``split`` with the run's settled settings (``loader``); closed, and
+        its numbers recorded, at the end."""
+        loader = build_loader(self.loader_spec(split, train=train, image_size=image_size))
         try:
             yield loader
         finally:
@@ -432,10 +424,10 @@ def _set_up(
         logger,
         monitor,
         composed,
+        settings,
         metrics,
         resumable=resumable,
         resumed_epoch=continued.resumed,
-        loader=settings,
     )
 
 
@@ -449,8 +441,7 @@ def _finish(
     if info.is_main:
         write_metrics(run_dir, metrics)
         if session is not None:
-            settings = session.ran_with or session.loader or session.config.loader
-            write_run_config(run_dir, session.config, settings)
+            write_run_config(run_dir, session.config, session.loader)
     if metrics["status"] == "preempted":
         # Every rank stopped at the same step. They leave together once rank 0's records are
         # written: torchrun stops every rank as soon as one exits with an error.
