@@ -10,8 +10,8 @@ from collections.abc import Iterator
 import pytest
 import torch
 
+from loaderbench.measure._spread import window_spread
 from loaderbench.measure.meters import LoopMeter, loop_metrics
-from loaderbench.measure.spread import window_spread
 from loaderbench.run.autorange import WindowRule, run_passes
 from loaderbench.run.validation import ConfigError, validate_config
 from tests.helpers import compose_cfg

@@ -35,8 +35,8 @@ from loaderbench.measure.process_tree import ProcessTreeMonitor
 from loaderbench.platform import distributed
 from loaderbench.platform.distributed import DistInfo
 from loaderbench.platform.runtime import PRECISIONS
+from loaderbench.run._tracking import NullLogger
 from loaderbench.run.session import Session
-from loaderbench.run.tracking import NullLogger
 from loaderbench.run.validation import validate_config
 from tests.conftest import (
     cpu_spec,

@@ -16,8 +16,8 @@ import torch
 
 from loaderbench.imaging.files import load_rgb
 from loaderbench.imaging.transforms import pil_val_transform
+from loaderbench.loaders.memmap._cache import META_FILE, cache_name, ensure_cache
 from loaderbench.loaders.memmap.build import StorePolicy
-from loaderbench.loaders.memmap.cache import META_FILE, cache_name, ensure_cache
 from tests.conftest import REPO, folder_index
 
 SIZE = 32
@@ -98,7 +98,7 @@ import json, os, shutil, sys
 from pathlib import Path
 from omegaconf import OmegaConf
 import loaderbench.loaders.memmap.build as mb
-import loaderbench.loaders.memmap.cache as mc
+import loaderbench.loaders.memmap._cache as mc
 import loaderbench.loaders.memmap.store_raw as raw_store
 from loaderbench.config.schema import DatasetConfig
 from loaderbench.data.discovery import discover

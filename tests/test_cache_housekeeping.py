@@ -15,8 +15,7 @@ import torchvision
 
 from loaderbench.loaders import build_loader
 from loaderbench.loaders.memmap import housekeeping
-from loaderbench.loaders.memmap.build import StorePolicy
-from loaderbench.loaders.memmap.cache import (
+from loaderbench.loaders.memmap._cache import (
     BUILD_FOLDER,
     CACHE_NAME,
     cache_name,
@@ -24,6 +23,7 @@ from loaderbench.loaders.memmap.cache import (
     in_use_file,
     pixel_library_versions,
 )
+from loaderbench.loaders.memmap.build import StorePolicy
 from tests.conftest import cpu_spec, folder_index
 
 DAY = 86_400

@@ -17,14 +17,14 @@ import torch
 from omegaconf import OmegaConf
 from torch import nn
 
+from loaderbench.run._elastic import fit_to_checkpoint
+from loaderbench.run._resume_rules import find_resumable
 from loaderbench.run.checkpoint import (
     CHECKPOINT_FILE,
     FORMAT_VERSION,
     CheckpointFormatError,
     load_checkpoint,
 )
-from loaderbench.run.elastic import fit_to_checkpoint
-from loaderbench.run.resume_rules import find_resumable
 from loaderbench.run.validation import validate_config
 from tests.conftest import read_metrics, run_dirs, run_entry
 from tests.helpers import compose_cfg

@@ -17,8 +17,8 @@ import pytest
 from omegaconf import OmegaConf
 
 from loaderbench.config.schema import DatasetConfig
+from loaderbench.data._index import index_file
 from loaderbench.data.discovery import PathTable, Split, discover
-from loaderbench.data.index import index_file
 from tests.conftest import rewrite_in_place
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")

@@ -445,7 +445,7 @@ def test_memmap_jpeg_store_train_crops_are_the_crops_of_a_whole_decode(
 ) -> None:
     """A jpeg store's train box is drawn in the stored image's coordinates and decoded alone;
     the batch equals the same boxes cut from whole decodes of the stored JPEGs."""
-    from loaderbench.loaders.memmap.store_jpeg import JpegCache
+    from loaderbench.loaders.memmap._store_jpeg import JpegCache
 
     split = folder_index(jpeg_root).train
     spec = cpu_spec(

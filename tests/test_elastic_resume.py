@@ -25,8 +25,8 @@ import torch
 from loaderbench.data.synthetic import SyntheticSpec, ensure_synthetic
 from loaderbench.loaders import file_loader_names
 from loaderbench.loaders.base import training_places
-from loaderbench.run.elastic import continued_rank_state, per_rank_batch, resumed_epoch
-from loaderbench.run.ledger import SampleLedger
+from loaderbench.run._elastic import continued_rank_state, per_rank_batch, resumed_epoch
+from loaderbench.run._ledger import SampleLedger
 from loaderbench.run.validation import ConfigError
 from tests.conftest import (
     finish,
@@ -180,7 +180,7 @@ def stopped_state(
 ) -> dict:
     """A checkpoint's fields as ``resumed_epoch`` reads them: stopped after ``steps`` steps of
     epoch 3, each rank at its ``positions`` (more than ``steps`` after a left-out batch)."""
-    from loaderbench.run.elastic import pack_places
+    from loaderbench.run._elastic import pack_places
 
     return {
         "epoch": 3,
@@ -284,16 +284,16 @@ def test_a_relaunch_that_finds_no_checkpoint_says_where_it_looked(
     the directory it looked in, and how to continue a run; a 1-rank launch that is not a
     SLURM requeue, or one that asked for a checkpoint, says nothing."""
     from loaderbench.config.schema import RunConfig
-    from loaderbench.run.resume_rules import note_fresh_start
+    from loaderbench.run._resume_rules import note_fresh_start
 
     monkeypatch.delenv("SLURM_RESTART_COUNT", raising=False)
-    with caplog.at_level("INFO", logger="loaderbench.run.resume_rules"):
+    with caplog.at_level("INFO", logger="loaderbench.run._resume_rules"):
         note_fresh_start(RunConfig(), tmp_path, "train", 1)
         assert "starting afresh" not in caplog.text
         note_fresh_start(RunConfig(), tmp_path, "train", 2)
     assert f"no checkpoint in {tmp_path}" in caplog.text and "hydra.run.dir" in caplog.text
     caplog.clear()
     monkeypatch.setenv("SLURM_RESTART_COUNT", "1")  # a requeued SLURM job, one task
-    with caplog.at_level("INFO", logger="loaderbench.run.resume_rules"):
+    with caplog.at_level("INFO", logger="loaderbench.run._resume_rules"):
         note_fresh_start(RunConfig(), tmp_path, "train", 1)
     assert "starting afresh" in caplog.text

@@ -66,7 +66,7 @@ import sys, time
 from pathlib import Path
 import loaderbench.imaging.stored as stored
 import loaderbench.loaders.memmap.build as mb
-import loaderbench.loaders.memmap.cache as mc
+import loaderbench.loaders.memmap._cache as mc
 from tests.conftest import folder_index
 
 root, cache_dir, ready, go = sys.argv[1:5]
@@ -128,8 +128,8 @@ def test_two_builders_exclude_each_other_where_flock_is_unsupported(
         Path(results[0][1]).name
     ]
     # The cache is whole: this process (real flock) opens it without building, pixel for pixel.
+    from loaderbench.loaders.memmap._cache import ensure_cache
     from loaderbench.loaders.memmap.build import StorePolicy
-    from loaderbench.loaders.memmap.cache import ensure_cache
 
     split = folder_index(tiny_root).val
     opened = ensure_cache(split, StorePolicy.for_split(False, 32, 1.5), cache_dir, 0, True, False)

@@ -13,7 +13,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from loaderbench.loaders import Batch
 from loaderbench.measure.meters import LoopMeter
 from loaderbench.platform.runtime import PRECISIONS
-from loaderbench.run.ledger import SampleLedger
+from loaderbench.run._ledger import SampleLedger
 from loaderbench.training.loops import StepLog, TrainStep, evaluate, train_one_epoch
 
 

@@ -24,8 +24,8 @@ from PIL import Image
 from loaderbench.imaging.files import load_rgb
 from loaderbench.imaging.stored import decode_fit, fit_size
 from loaderbench.imaging.transforms import pil_val_transform
+from loaderbench.loaders.memmap._cache import COMPLETE_FILE, cache_name, ensure_cache, open_cache
 from loaderbench.loaders.memmap.build import CacheError, StorePolicy
-from loaderbench.loaders.memmap.cache import COMPLETE_FILE, cache_name, ensure_cache, open_cache
 from loaderbench.loaders.memmap.store_raw import ImageCache
 from loaderbench.platform.locking import FileLock
 from tests.conftest import REPO, folder_index
@@ -150,9 +150,9 @@ def test_the_jpeg_store_round_trips_within_jpeg_error_at_a_fraction_of_the_bytes
     tiny_root: Path, tmp_path: Path
 ) -> None:
     from loaderbench.imaging.decode import decode_cpu
+    from loaderbench.loaders.memmap._cache import STORES
+    from loaderbench.loaders.memmap._store_jpeg import JpegCache
     from loaderbench.loaders.memmap.build import decode_stored
-    from loaderbench.loaders.memmap.cache import STORES
-    from loaderbench.loaders.memmap.store_jpeg import JpegCache
 
     index = folder_index(tiny_root)
     for split, train in ((index.val, False), (index.train, True)):
@@ -300,7 +300,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 import loaderbench.imaging.stored as stored
 import loaderbench.loaders.memmap.build as mb
-import loaderbench.loaders.memmap.cache as mc
+import loaderbench.loaders.memmap._cache as mc
 from loaderbench.config.schema import DatasetConfig
 from loaderbench.data.discovery import discover
 
@@ -380,7 +380,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 import loaderbench.imaging.stored as stored
 import loaderbench.loaders.memmap.build as mb
-import loaderbench.loaders.memmap.cache as mc
+import loaderbench.loaders.memmap._cache as mc
 from loaderbench.config.schema import DatasetConfig
 from loaderbench.data.discovery import discover
 

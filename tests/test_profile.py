@@ -73,7 +73,7 @@ def test_make_profile_samples_the_memmap_reading_threads_of_a_real_run(
     samples = int(summary.split("\n")[2].split()[0])
     assert samples > 20, summary
     # The reading threads' work is the batch read; its crop loop is the run's hot path.
-    assert "`CroppedRows.read (loaderbench/loaders/memmap/rows.py)`" in summary
+    assert "`CroppedRows.read (loaderbench/loaders/memmap/_rows.py)`" in summary
     assert "resize_rows_into (loaderbench/imaging/batch_resize.py)" in summary
     assert (out / "run" / "metrics.json").exists()
 

@@ -31,8 +31,8 @@ from loaderbench.config.schema import (
     TrainLoopConfig,
 )
 from loaderbench.loaders import loader_names, settings_class
-from loaderbench.run.records import RUN_CONFIG_FILE
-from loaderbench.run.resume_rules import (
+from loaderbench.run._records import RUN_CONFIG_FILE
+from loaderbench.run._resume_rules import (
     MAY_DIFFER,
     MUST_MATCH,
     RESUME_RULES,

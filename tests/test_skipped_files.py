@@ -12,7 +12,7 @@ import pytest
 from loaderbench.data.synthetic import SyntheticSpec, ensure_synthetic
 from loaderbench.loaders import file_loader_names
 from loaderbench.loaders.base import epoch_permutation, shard_indices
-from loaderbench.run.records import skipped_counts, skipped_over_ranks
+from loaderbench.run._records import skipped_counts, skipped_over_ranks
 from tests.conftest import folder_index, loader_folder_overrides, single_run, torchrun
 
 BAD_TRAIN, BAD_VAL = 5, 3  # the unreadable file of each split (its index)

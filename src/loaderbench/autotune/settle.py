@@ -9,6 +9,7 @@ import logging
 import time
 from pathlib import Path
 
+from loaderbench.autotune._memory import memory_apart
 from loaderbench.autotune.decisions import (
     FILE_PREFIX,
     Decision,
@@ -18,7 +19,6 @@ from loaderbench.autotune.decisions import (
     load_decision,
     save_decision,
 )
-from loaderbench.autotune.memory import memory_apart
 from loaderbench.autotune.policy import choose
 from loaderbench.autotune.probe import prepare_splits, probe
 from loaderbench.autotune.workload import Workload

@@ -59,7 +59,7 @@ class DatasetConfig:
     # limit). The default is PIL's decompression-bomb threshold.
     max_image_pixels: int | None = 178_956_970
     # Where the dataset index (one scan of the tree, loaded by every rank and later run) is
-    # kept; null: scan on every run. See loaderbench.data.index.
+    # kept; null: scan on every run. See loaderbench.data._index.
     index_dir: str | None = "cache"
     # Scan the tree again instead of loading a saved index.
     rescan: bool = False

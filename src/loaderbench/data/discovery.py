@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from loaderbench.data.index import MISSING_MTIME, indexed
+from loaderbench.data._index import MISSING_MTIME, indexed
 from loaderbench.data.splits import SPLITS, DatasetIndex, PathTable, Scanned, Split, stat_files
 
 if TYPE_CHECKING:  # the config imports the loaders, which import this module

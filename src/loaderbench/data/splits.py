@@ -1,6 +1,6 @@
 """A data set in memory: its splits' file tables, labels and file stats.
 
-What discovery (``loaderbench.data.discovery``) makes and the index on disk (``loaderbench.data.index``)
+What discovery (``loaderbench.data.discovery``) makes and the index on disk (``loaderbench.data._index``)
 saves and loads; it depends on neither of them.
 """
 

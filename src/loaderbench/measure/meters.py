@@ -18,7 +18,8 @@ from typing import Any
 
 from torch.utils.data import DataLoader
 
-from loaderbench.measure.ahead import Ahead, AheadClose, ahead_probe, first_short
+from loaderbench.measure._ahead import Ahead, AheadClose, ahead_probe, first_short
+from loaderbench.measure._spread import window_spread
 from loaderbench.measure.gil_probe import GilProbe, gil_frac
 from loaderbench.measure.metrics import (
     CPU_S_PER_1K_IMAGES,
@@ -27,7 +28,6 @@ from loaderbench.measure.metrics import (
     NULL_REASON,
     SPREAD,
 )
-from loaderbench.measure.spread import window_spread
 from loaderbench.platform.stopping import raise_if_stop_requested
 
 Sync = Callable[[], None]

@@ -22,6 +22,7 @@ DATA_WAIT_FRAC = "data_wait_frac"
 TOP1 = "top1"
 SKIPPED_FILES = "skipped_files"
 PEAK_RSS_MB = "peak_rss_mb"
+GLOBAL_BATCH = "global_batch"  # also the checkpoint's field of the same number
 CEILING_FRAC = "ceiling_frac"
 CEILING_IMAGES_PER_S = "ceiling_images_per_s"
 NULL_REASON = "images_per_s_null_reason"
@@ -255,7 +256,7 @@ METRICS: tuple[Metric, ...] = (
     Metric("top5", "validation top-5 accuracy (0 to 1)", summary=True),
     Metric("loss", "mean training loss of the last epoch", summary=True),
     Metric("epochs", "epochs run", summary=True, digits=None),
-    Metric("global_batch", "images a step over every rank (kept on a resume on M ranks)"),
+    Metric(GLOBAL_BATCH, "images a step over every rank (kept on a resume on M ranks)"),
     Metric(
         "epoch_samples",
         "train.py: distinct images trained on in each epoch, over every rank (a list by epoch)",

@@ -15,10 +15,19 @@ from torch import nn
 from loaderbench.config.schema import BenchConfig, RunConfig
 from loaderbench.loaders import Loader
 from loaderbench.measure.meters import Average, IntervalRates, LoopMeter
-from loaderbench.measure.metrics import TOP1, epoch_curves, rates_text, with_epoch_ranks
+from loaderbench.measure.metrics import (
+    GLOBAL_BATCH,
+    TOP1,
+    epoch_curves,
+    rates_text,
+    with_epoch_ranks,
+)
 from loaderbench.measure.process_tree import CpuWindow
 from loaderbench.platform import distributed
 from loaderbench.platform.stopping import Preempted, preemption_requested
+from loaderbench.run._elastic import continued_rank_state, pack_places, resume_path
+from loaderbench.run._ledger import SampleLedger
+from loaderbench.run._resume_rules import ResumingRun, check_resumable, train_set_signature
 from loaderbench.run.checkpoint import (
     CHECKPOINT_FILE,
     load_checkpoint,
@@ -26,9 +35,6 @@ from loaderbench.run.checkpoint import (
     save_checkpoint,
     set_rng_state,
 )
-from loaderbench.run.elastic import continued_rank_state, pack_places, resume_path
-from loaderbench.run.ledger import SampleLedger
-from loaderbench.run.resume_rules import ResumingRun, check_resumable, train_set_signature
 from loaderbench.run.session import Session
 from loaderbench.training.loops import (
     EvalCounts,
@@ -294,7 +300,7 @@ def save_training(
             "config": session.composed,
             "classes": list(session.dataset.classes),
             "world_size": session.dist.world_size,
-            "global_batch": session.loader.batch_size * session.dist.world_size,
+            GLOBAL_BATCH: session.loader.batch_size * session.dist.world_size,
             "order_base": order_base(session, epoch, batches),
             "train_set": train_set_signature(session.dataset.train),
             "metrics": {

@@ -64,17 +64,17 @@ from loaderbench.platform.stopping import (
     stop_signals_as_interrupt,
 )
 from loaderbench.platform.version import VERSION
-from loaderbench.run.elastic import Continued, fit_to_checkpoint
-from loaderbench.run.records import (
+from loaderbench.run._elastic import Continued, fit_to_checkpoint
+from loaderbench.run._records import (
     pinned_host_peak_bytes,
     skipped_counts,
     tree_totals,
     write_metrics,
     write_run_config,
 )
-from loaderbench.run.resume_rules import Resumable, find_resumable, note_fresh_start
+from loaderbench.run._resume_rules import Resumable, find_resumable, note_fresh_start
+from loaderbench.run._tracking import NullLogger, RunLogger, build_logger
 from loaderbench.run.sweeps import job_name, sweep_group, swept_keys
-from loaderbench.run.tracking import NullLogger, RunLogger, build_logger
 from loaderbench.run.validation import validate_against_dataset, validate_config
 
 log = logging.getLogger(__name__)

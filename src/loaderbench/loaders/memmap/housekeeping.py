@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from loaderbench.data.discovery import resolve_path
-from loaderbench.loaders.memmap.cache import (
+from loaderbench.loaders.memmap._cache import (
     BUILD_FOLDER,
     CACHE_NAME,
     META_FILE,

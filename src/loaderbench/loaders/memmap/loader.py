@@ -25,15 +25,15 @@ from loaderbench.imaging.batch_resize import warm_up
 from loaderbench.imaging.decode import hand_over
 from loaderbench.imaging.decoded_by import add as add_counts
 from loaderbench.loaders.base import Batch, Loader, LoaderSpec, register_loader
+from loaderbench.loaders.memmap._cache import OpenedCache, ensure_cache
+from loaderbench.loaders.memmap._device_work import ThreadStreams
+from loaderbench.loaders.memmap._jpegs import DecodedOnCpu, DecodedOnDevice
+from loaderbench.loaders.memmap._parts import BatchParts, Gathered
+from loaderbench.loaders.memmap._reading import ReadingThreads
+from loaderbench.loaders.memmap._rows import CroppedRows, GatheredRows, RowsOnDevice
+from loaderbench.loaders.memmap._store_jpeg import JpegCache
 from loaderbench.loaders.memmap.build import StorePolicy
-from loaderbench.loaders.memmap.cache import OpenedCache, ensure_cache
-from loaderbench.loaders.memmap.device_work import ThreadStreams
-from loaderbench.loaders.memmap.jpegs import DecodedOnCpu, DecodedOnDevice
-from loaderbench.loaders.memmap.parts import BatchParts, Gathered
-from loaderbench.loaders.memmap.reading import ReadingThreads
-from loaderbench.loaders.memmap.rows import CroppedRows, GatheredRows, RowsOnDevice
 from loaderbench.loaders.memmap.settings import Settings
-from loaderbench.loaders.memmap.store_jpeg import JpegCache
 from loaderbench.measure.metrics import DECODED_BY
 
 

@@ -74,12 +74,12 @@ from loaderbench.loaders.base import (
     LoaderSpec,
     register_loader,
 )
-from loaderbench.loaders.spdl.settings import Settings
-from loaderbench.loaders.spdl.stats import (
+from loaderbench.loaders.spdl._stats import (
     PipelineStats,
     recording_hooks,
     recording_queue_class,
 )
+from loaderbench.loaders.spdl.settings import Settings
 from loaderbench.measure.metrics import DECODED_BY
 from loaderbench.platform.buffers import BatchBuffers
 from loaderbench.platform.threads import serial_torch_in_this_thread

@@ -15,7 +15,7 @@ from loaderbench.run.sweeps._table import lead_columns
 
 
 def log_summary_run(config: DictConfig, sweep_dir: Path, summary: SweepSummary) -> None:
-    from loaderbench.run.tracking import WandbLogger
+    from loaderbench.run._tracking import WandbLogger
 
     ranking = summary.ranking
     logger = WandbLogger.start(

@@ -15,7 +15,7 @@ Both compare the config as composed (``Session.composed``: ``loader.num_workers=
 
 The number of ranks is not a config key and may differ either way: a run resumed on M ranks
 keeps the checkpoint's global batch (N x ``loader.batch_size``) and takes global / M per rank
-(``loaderbench.run.elastic``); ``loader.batch_size`` is compared as typed on the command line,
+(``loaderbench.run._elastic``); ``loader.batch_size`` is compared as typed on the command line,
 which for a requeued job is the same command.
 """
 
@@ -35,6 +35,7 @@ import torch
 from loaderbench.config.schema import RunConfig
 from loaderbench.data.discovery import Split
 from loaderbench.data.splits import DatasetIndex
+from loaderbench.measure.metrics import GLOBAL_BATCH
 from loaderbench.run.checkpoint import CHECKPOINT_FILE, check_format
 
 log = logging.getLogger(__name__)
@@ -184,11 +185,11 @@ def check_resumable(state: dict[str, Any], path: Path, run: ResumingRun) -> None
     # be kept, and the session took it over before any loader was built.
     ranks = run.ranks
     kept = run.batch_size * ranks
-    if kept != int(state["global_batch"]):
+    if kept != int(state[GLOBAL_BATCH]):
         raise ValueError(
             f"global batch {kept} ({ranks} ranks x loader.batch_size="
             f"{run.batch_size}) but checkpoint {path} was trained with "
-            f"{state['global_batch']}; a resumed run must keep it"
+            f"{state[GLOBAL_BATCH]}; a resumed run must keep it"
         )
     signature = train_set_signature(run.dataset.train)
     saved = state["train_set"]

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from loaderbench.loaders.base import LoaderSpec
-from loaderbench.loaders.memmap.device_work import ThreadStreams
+from loaderbench.loaders.memmap._device_work import ThreadStreams
 from loaderbench.platform.buffers import BufferPool, pool_stats
 
 

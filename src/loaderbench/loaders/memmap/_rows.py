@@ -13,7 +13,7 @@ import torch
 
 from loaderbench.imaging.device_resize import resize_boxes
 from loaderbench.imaging.transforms import crop_resize_flip_rows
-from loaderbench.loaders.memmap.parts import BatchParts, Gathered
+from loaderbench.loaders.memmap._parts import BatchParts, Gathered
 from loaderbench.loaders.memmap.store_raw import ImageCache
 
 

@@ -46,6 +46,7 @@ import torch
 
 from loaderbench.data.splits import SPLITS, Split
 from loaderbench.imaging.files import max_pixels
+from loaderbench.loaders.memmap._store_jpeg import JpegCache, JpegStore
 from loaderbench.loaders.memmap.build import (
     BuildJob,
     CacheChanged,
@@ -55,7 +56,6 @@ from loaderbench.loaders.memmap.build import (
     fsync_path,
     fsync_tree,
 )
-from loaderbench.loaders.memmap.store_jpeg import JpegCache, JpegStore
 from loaderbench.loaders.memmap.store_raw import ImageCache, RawStore
 from loaderbench.measure.metrics import DECODED_BY
 from loaderbench.platform.locking import FileLock, LockKindError, SharedHold, atomic_write_text

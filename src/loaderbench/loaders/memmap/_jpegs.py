@@ -16,8 +16,8 @@ from loaderbench.imaging.decode import CPU, Box, Decoded, backend, decode_batch,
 from loaderbench.imaging.decoded_by import counting
 from loaderbench.imaging.device_resize import resize_images
 from loaderbench.imaging.transforms import resized_crop_images
-from loaderbench.loaders.memmap.parts import BatchParts, Gathered
-from loaderbench.loaders.memmap.store_jpeg import JpegCache
+from loaderbench.loaders.memmap._parts import BatchParts, Gathered
+from loaderbench.loaders.memmap._store_jpeg import JpegCache
 
 
 def _regions(boxes: torch.Tensor | None, count: int) -> list[Box | None]:

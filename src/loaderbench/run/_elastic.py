@@ -31,8 +31,9 @@ from loaderbench.config.schema import RunConfig
 from loaderbench.data.resumed import ResumedEpoch
 from loaderbench.loaders import LoaderSettings
 from loaderbench.loaders.base import training_places
+from loaderbench.measure.metrics import GLOBAL_BATCH
+from loaderbench.run._resume_rules import Resumable
 from loaderbench.run.checkpoint import check_format
-from loaderbench.run.resume_rules import Resumable
 from loaderbench.run.validation import ConfigError
 
 log = logging.getLogger(__name__)
@@ -76,7 +77,7 @@ def fit_to_checkpoint(config: RunConfig, resumable: Resumable | None, ranks: int
     if not isinstance(state, dict) or "config" not in state:
         return asked
     check_format(state, path)
-    saved, images = int(state["world_size"]), int(state["global_batch"])
+    saved, images = int(state["world_size"]), int(state[GLOBAL_BATCH])
     batch = per_rank_batch(images, saved, ranks)
     if saved != ranks or batch != config.loader.batch_size:
         log.info(
@@ -139,7 +140,7 @@ def places_gone_through(state: dict[str, Any], images: int) -> torch.Tensor:
     base = unpack_places(state["order_base"], images)
     saved = int(state["world_size"])
     done = torch.zeros(images, dtype=torch.bool) if base is None else base.clone()
-    per_rank = int(state["global_batch"]) // saved
+    per_rank = int(state[GLOBAL_BATCH]) // saved
     for rank, mine in enumerate(state["ranks"]):
         places = training_places(images, per_rank * saved, rank, saved, base)
         done[places[: int(mine["position"]) * per_rank]] = True
