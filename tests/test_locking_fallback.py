@@ -1,20 +1,19 @@
 """The cache and index locks where ``flock`` is unsupported (Lustre without ``-o flock``, some
-NFS set-ups): the fallback to POSIX record locks, then to lock files, in real processes.
+NFS set-ups): the fallback to lock files (filelock's leases, with the shared holds of
+``locking.kinds``), in real processes.
 
 The file system is simulated, not the lock: a ``sitecustomize`` on the subprocesses' path makes
 ``fcntl.flock`` (and, for Lustre's ``noflock``, ``fcntl.lockf`` too) fail as such a mount does;
-the lock code under test runs as it is. Real JPEGs, real memmap cache builds."""
+the lock code under test, filelock's included, runs as it is. Real JPEGs, real memmap cache
+builds."""
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import os
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -22,9 +21,8 @@ import torch
 
 from loaderbench.imaging.files import load_rgb
 from loaderbench.imaging.transforms import pil_val_transform
-from loaderbench.platform.locking import FileLock, lockfile, try_exclusive
-from loaderbench.platform.locking.kinds import local_only
-from loaderbench.platform.locking.lockfile import EXCLUSIVE_SUFFIX, Holder, Judge
+from loaderbench.platform.locking import FileLock, try_exclusive
+from loaderbench.platform.locking.kinds import flock_local_only
 from tests.conftest import REPO, folder_index
 
 SITECUSTOMIZE = """
@@ -42,7 +40,7 @@ for _entry in filter(None, os.environ.get("SIMULATED_MISSING_LOCKS", "").split("
 
 # What each file system answers, and the lock that must then be used (named in the log line).
 FILE_SYSTEMS = {
-    "flock_enolck": ("flock:ENOLCK", "POSIX record locks (fcntl)"),
+    "flock_enolck": ("flock:ENOLCK", "lock files created exclusively"),
     "lustre_noflock": ("flock:ENOSYS,lockf:ENOSYS", "lock files created exclusively"),
 }
 
@@ -148,7 +146,7 @@ from loaderbench.platform.locking import SharedHold
 
 in_use, signal_file, go_on = map(Path, sys.argv[1:4])
 first, second = SharedHold(in_use), SharedHold(in_use)
-first.release()  # with POSIX locks, a careless close here would drop the second hold too
+first.release()  # one hold let go: the other still holds
 signal_file.touch()
 while not go_on.exists():
     time.sleep(0.01)
@@ -159,11 +157,12 @@ time.sleep(0.5)  # still alive: the lock went with the release, not with the pro
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("file_system", sorted(FILE_SYSTEMS))
+@pytest.mark.parametrize("file_system", [*sorted(FILE_SYSTEMS), "local"])
 def test_an_in_use_hold_keeps_removal_out_until_its_last_holder_goes(
     tmp_path: Path, file_system: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    missing, lock_named = FILE_SYSTEMS[file_system]
+    """Here and with flock ("local"): shared holds are files of their own in both kinds."""
+    missing, lock_named = FILE_SYSTEMS.get(file_system, ("", ""))
     in_use, held, go_on = tmp_path / ".cache.inuse", tmp_path / "held", tmp_path / "go_on"
     proc = subprocess.Popen(
         [sys.executable, "-c", HOLDER, str(in_use), str(held), str(go_on)],
@@ -194,11 +193,12 @@ def test_an_in_use_hold_keeps_removal_out_until_its_last_holder_goes(
     assert proc.returncode == 0, err[-3000:]
     assert lock_named in err
     recorded = (tmp_path / ".lockkind").read_text().split()[0]
-    assert recorded == ("fcntl" if "fcntl" in lock_named else "lockfile")
+    assert recorded == ("flock" if file_system == "local" else "lockfile")
+    assert [p.name for p in tmp_path.iterdir() if ".shared-" in p.name] == []  # each let go
 
 
 # ---------------------------------------------------------------------------------------------
-# The lock file kind's stale-holder rule, one process against another.
+# The lock files' stale-holder rule (filelock's leases), one process against another.
 
 TAKE_AND_DIE = """
 import os, sys
@@ -224,9 +224,15 @@ def lock_files(monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
     return {**os.environ, "LOADERBENCH_LOCK": "lockfile"}
 
 
+def record_pid(record: Path) -> int:
+    """The holder's pid as its record (filelock's format, a ``key=value`` a line) names it."""
+    fields = dict(line.split("=", 1) for line in record.read_text().splitlines()[1:])
+    return int(fields["pid"])
+
+
 @pytest.mark.slow
 def test_a_lock_file_naming_a_dead_process_on_this_host_is_taken_over(
-    tmp_path: Path, lock_files: dict[str, str], caplog: pytest.LogCaptureFixture
+    tmp_path: Path, lock_files: dict[str, str]
 ) -> None:
     lock = tmp_path / ".index.lock"
     out = subprocess.run(
@@ -238,15 +244,13 @@ def test_a_lock_file_naming_a_dead_process_on_this_host_is_taken_over(
         check=True,
     )
     dead_pid = int(out.stdout)
-    record = lock.with_name(lock.name + EXCLUSIVE_SUFFIX)
-    assert json.loads(record.read_text())["pid"] == dead_pid  # left behind by the dead holder
+    record = lock.with_name(lock.name + ".excl")
+    assert record_pid(record) == dead_pid  # left behind by the dead holder
     begun = time.monotonic()
     with FileLock(lock):
         assert time.monotonic() - begun < 5  # not the age rule: the holder is known dead
-        assert json.loads(record.read_text())["pid"] == os.getpid()
-    assert not record.exists()
-    assert f"pid {dead_pid} on " in caplog.text and "is gone" in caplog.text
-    assert "removed as stale" in caplog.text
+        assert record_pid(record) == os.getpid()
+    assert not record.exists() and lock.is_file()
 
 
 @pytest.mark.slow
@@ -266,8 +270,7 @@ def test_a_live_holder_of_a_lock_file_is_waited_for(
     )
     try:
         assert proc.stdout is not None and proc.stdout.readline().strip() == "holding"
-        record = json.loads(lock.with_name(lock.name + EXCLUSIVE_SUFFIX).read_text())
-        assert record["pid"] == proc.pid  # the record names its live holder
+        assert record_pid(lock.with_name(lock.name + ".excl")) == proc.pid  # names its holder
         begun = time.monotonic()
         with FileLock(lock, wait_message="waiting for the holder"):
             waited = time.monotonic() - begun
@@ -277,26 +280,22 @@ def test_a_live_holder_of_a_lock_file_is_waited_for(
     assert proc.returncode == 0
     assert waited > 0.8
     assert "waiting for the holder" in capfd.readouterr().err
-    # No lock record removed or taken over (each such warning names "lock record"); not the word
-    # "stale", which the once-a-process line naming the lock kind has ("stale-holder rule").
     assert not [r.getMessage() for r in caplog.records if "lock record" in r.getMessage()]
 
 
-def write_record_of_another_host(record: Path) -> None:
-    holder = Holder("another-node", "boot", "pid:[1]", 4242, 0.0, "0" * 32)
-    record.write_text(json.dumps(holder.__dict__))
+def write_record_of_another_host(record: Path, lease_s: float) -> None:
+    """A lease as filelock's holder on another node writes it (its duration: the job's)."""
+    fields = ["pid=4242", "host=another-node", "mode=lease", "token=" + "0" * 32]
+    record.write_text("\n".join(["filelock/2", *fields, f"duration={lease_s!r}"]) + "\n")
 
 
 def test_a_holder_elsewhere_is_stale_only_once_its_heartbeat_stops(
-    tmp_path: Path,
-    lock_files: dict[str, str],
-    monkeypatch: pytest.MonkeyPatch,
-    caplog: pytest.LogCaptureFixture,
+    tmp_path: Path, lock_files: dict[str, str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("LOADERBENCH_LOCK_STALE_S", "1")
     lock = tmp_path / ".build.lock"
-    record = lock.with_name(lock.name + EXCLUSIVE_SUFFIX)
-    write_record_of_another_host(record)
+    record = lock.with_name(lock.name + ".excl")
+    write_record_of_another_host(record, 1.0)
     beating = threading.Event()
     beating.set()
 
@@ -313,18 +312,18 @@ def test_a_holder_elsewhere_is_stale_only_once_its_heartbeat_stops(
     with FileLock(lock):
         waited = time.monotonic() - begun
         assert not beating.is_set()  # never while the record was being refreshed
+        assert record_pid(record) == os.getpid()
     thread.join()
     assert 3.0 < waited < 15
-    assert "pid 4242 on another-node: unchanged for 1 s (no heartbeat)" in caplog.text
 
 
-def test_a_record_elsewhere_long_without_heartbeat_is_taken_at_once(
+def test_a_shared_record_elsewhere_long_without_heartbeat_is_taken_at_once(
     tmp_path: Path, lock_files: dict[str, str], caplog: pytest.LogCaptureFixture
 ) -> None:
     in_use = tmp_path / ".cache.inuse"
     in_use.touch()
     record = in_use.with_name(in_use.name + ".shared-" + "ab" * 16)
-    write_record_of_another_host(record)
+    write_record_of_another_host(record, 120.0)
     hour_ago = time.time() - 3600
     os.utime(record, (hour_ago, hour_ago))
     taken = try_exclusive(in_use)  # housekeeping removes a cache whose only reader died long ago
@@ -333,63 +332,58 @@ def test_a_record_elsewhere_long_without_heartbeat_is_taken_at_once(
     assert not record.exists() and "no heartbeat for" in caplog.text
 
 
-class NewcomerAtTheWorstMoment:
-    """``os`` as the lock file module sees it, but when the remover of a stale record first
-    touches it, the record is replaced by a newcomer's just before (or just after): what
-    another process's release and take can do between two of the remover's steps."""
-
-    def __init__(self, record: Path, newcomer: Holder, after: bool) -> None:
-        self.record, self.newcomer, self.after, self.arrived = record, newcomer, after, False
-
-    def __getattr__(self, name: str) -> object:
-        return getattr(os, name)
-
-    def _arrive(self) -> None:
-        self.arrived = True
-        self.record.unlink(missing_ok=True)  # the holder judged stale releases ...
-        assert lockfile._create(self.record, self.newcomer)  # ... and a newcomer takes it
-
-    def _touch(self, call: Callable[..., object], path: str | Path, *args: object) -> object:
-        first = not self.arrived and os.fspath(path) == os.fspath(self.record)
-        if first and not self.after:
-            self._arrive()
-        result = call(path, *args)
-        if first and self.after:
-            self._arrive()
-        return result
-
-    def stat(self, path: str | Path, *args: object) -> object:
-        return self._touch(os.stat, path, *args)
-
-    def rename(self, path: str | Path, *args: object) -> object:
-        return self._touch(os.rename, path, *args)
-
-    def unlink(self, path: str | Path, *args: object) -> object:
-        return self._touch(os.unlink, path, *args)
-
-
-@pytest.mark.parametrize("after", [False, True], ids=["newcomer-before", "newcomer-after"])
-def test_removing_a_stale_record_never_removes_a_newcomers(
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
-    caplog: pytest.LogCaptureFixture,
-    after: bool,
+def test_a_shared_record_elsewhere_with_a_recent_heartbeat_keeps_removal_out(
+    tmp_path: Path, lock_files: dict[str, str]
 ) -> None:
-    record = tmp_path / (".build.lock" + EXCLUSIVE_SUFFIX)
-    host, boot, pidns = lockfile._machine()
-    gone = Holder(host, boot, pidns, os.getpid(), 0.0, "d" * 32)  # this pid, another start
-    record.write_text(json.dumps(dataclasses.asdict(gone)))
-    judge = Judge()
-    state, seen, why = judge.look(record)
-    assert state == "stale" and seen is not None
-    newcomer = Holder.me("e" * 32)
-    monkeypatch.setattr(lockfile, "os", NewcomerAtTheWorstMoment(record, newcomer, after))
-    lockfile._remove_stale(record, seen, why, Holder.me("f" * 32), judge)
-    monkeypatch.undo()
-    held = Holder.parse(record.read_bytes())
-    assert held is not None and held.token == newcomer.token  # the newcomer's record stays
-    assert [p.name for p in tmp_path.iterdir()] == [record.name]  # no tomb, no breaker left
-    assert ("removed as stale" in caplog.text) == after  # the stale one went, when it was there
+    in_use = tmp_path / ".cache.inuse"
+    in_use.touch()
+    record = in_use.with_name(in_use.name + ".shared-" + "cd" * 16)
+    write_record_of_another_host(record, 120.0)
+    assert try_exclusive(in_use) is None  # its holder may still be reading: not judged at a look
+    assert record.exists()
+
+
+COUNTER = """
+import os, sys, time
+from pathlib import Path
+from loaderbench.platform.locking import FileLock
+
+lock, counter, die = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3] == "die"
+for i in range(8):
+    with FileLock(lock, wait_message=""):
+        value = int(counter.read_text())  # read, pause, write: lost updates if two are inside
+        time.sleep(0.01)
+        counter.write_text(str(value + 1))
+        if die and i == 3:
+            os._exit(0)  # dies inside, its record left: the others must take over, not overlap
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["flock", "lockfile"])
+def test_processes_never_overlap_inside_even_when_a_holder_dies(
+    tmp_path: Path, kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    lock, counter = tmp_path / ".count.lock", tmp_path / "count"
+    counter.write_text("0")
+    monkeypatch.setenv("LOADERBENCH_LOCK", kind)
+    env = {**os.environ}
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", COUNTER, str(lock), str(counter), "die" if i == 0 else ""],
+            cwd=REPO,
+            env=env,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(4)
+    ]
+    errs = [proc.communicate(timeout=120)[1] for proc in procs]
+    assert [proc.returncode for proc in procs] == [0] * 4, errs
+    assert int(counter.read_text()) == 4 + 3 * 8  # the dead one's four, and every other one
+    with FileLock(lock):  # at once, though the dead one's record may be the last one left
+        pass
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".count.lock", ".lockkind", "count"]
 
 
 THREADS = """
@@ -418,8 +412,8 @@ hold.release()
 
 
 @pytest.mark.slow
-def test_threads_of_one_process_exclude_each_other_with_posix_locks(tmp_path: Path) -> None:
-    """POSIX locks do not exclude within a process; the table of holds in ``posix`` does."""
+def test_threads_of_one_process_exclude_each_other_with_lock_files(tmp_path: Path) -> None:
+    """filelock's leases are per instance: a thread's marker keeps the others out."""
     missing, lock_named = FILE_SYSTEMS["flock_enolck"]
     out = subprocess.run(
         [sys.executable, "-c", THREADS, str(tmp_path / ".x.lock")],
@@ -436,16 +430,17 @@ def test_threads_of_one_process_exclude_each_other_with_posix_locks(tmp_path: Pa
 @pytest.mark.parametrize(
     ("fstype", "options", "local"),
     [
-        ("nfs4", "rw,vers=4.2,local_lock=none", set()),
-        ("nfs4", "rw,vers=4.2,local_lock=flock", {"flock"}),
-        ("nfs", "rw,vers=3,local_lock=posix", {"fcntl"}),
-        ("nfs", "rw,vers=3,nolock,local_lock=all", {"flock", "fcntl"}),
-        ("lustre", "rw,localflock", {"flock", "fcntl"}),
-        ("lustre", "rw,flock", set()),
-        ("ext4", "rw,relatime", set()),
+        ("nfs4", "rw,vers=4.2,local_lock=none", None),
+        ("nfs4", "rw,vers=4.2,local_lock=flock", "local_lock=flock"),
+        ("nfs", "rw,vers=3,local_lock=posix", None),
+        ("nfs", "rw,vers=3,nolock", "local_lock=all"),
+        ("nfs", "rw,vers=3,nolock,local_lock=all", "local_lock=all"),
+        ("lustre", "rw,localflock", "localflock"),
+        ("lustre", "rw,flock", None),
+        ("ext4", "rw,relatime", None),
     ],
 )
 def test_mounts_that_lock_one_host_only_are_recognised(
-    fstype: str, options: str, local: set[str]
+    fstype: str, options: str, local: str | None
 ) -> None:
-    assert set(local_only(fstype, frozenset(options.split(",")))) == local
+    assert flock_local_only(fstype, frozenset(options.split(","))) == local

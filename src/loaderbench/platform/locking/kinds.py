@@ -1,285 +1,218 @@
-"""Which lock a file system gets: ``flock``, else a POSIX record lock, else a lock file.
-
-``flock`` is tried first; where the call fails as unsupported (Lustre mounted without
-``-o flock`` says ENOSYS, some NFS and FUSE set-ups ENOLCK, EOPNOTSUPP or EINVAL) the next kind
-is tried on the same file. A kind the mount table shows to lock one host only is skipped before
-it is tried, since it would "work" and exclude nothing across nodes: ``flock`` on NFS mounted
-``local_lock=flock|all`` (or ``nolock``), POSIX locks there with ``local_lock=posix|all``, both
-on Lustre mounted ``-o localflock``. One log line per process and file system names the kind
-(a warning: the file system lacks what the lock would ordinarily use).
-
-Kinds never exclude each other, so processes must agree: the first to lock in a folder records
-the kind that worked in ``<folder>/.lockkind`` (``marker``), and every later process uses that
-kind or fails naming the marker, the kind and its host, never choosing another. A kind that has
-worked on a file system in this process and then fails (NFS answers ENOLCK while its lock
-daemon does not reply) raises too, rather than falling through to a kind others do not use.
-``LOADERBENCH_LOCK=flock|fcntl|lockfile`` forces a kind; one that disagrees with the folder's
-marker is an error.
+"""filelock's locks, of one kind per folder on every node: ``flock`` (``UnixFileLock``, and a
+shared ``flock``, which filelock lacks), else lock files (``SoftFileLease``, and shared ones
+beside them) where ``flock`` fails or the mount table shows it locks one host only. The first
+process to lock in a folder records the kind in ``<folder>/.lockkind``: kinds never exclude
+each other, so the others use it or fail (``LockKindError``). docs/imagenet_and_slurm.md: how.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import fcntl
+import glob
+import io
 import logging
 import os
 import re
 import socket
-import threading
-from collections.abc import Callable
+import time
+import uuid
+from functools import partial
 from pathlib import Path
-from typing import Protocol
 
-from loaderbench.platform.locking import marker
+from filelock import BaseFileLock, SoftFileLease, Timeout, UnixFileLock
 
 log = logging.getLogger("loaderbench.platform.locking")
-
-KINDS = ("flock", "fcntl", "lockfile")
-KIND_ENV = "LOADERBENCH_LOCK"
-# What a file system without the call answers (the kernel's ENOTSUP is EOPNOTSUPP).
+KINDS = ("flock", "lockfile")
+KIND_ENV, STALE_ENV = "LOADERBENCH_LOCK", "LOADERBENCH_LOCK_STALE_S"
+MARKER_NAME = ".lockkind"
 UNSUPPORTED = frozenset({errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EINVAL, errno.ENOSYS})
-DESCRIPTIONS = {
-    "flock": "flock",
-    "fcntl": "POSIX record locks (fcntl)",
-    "lockfile": "lock files created exclusively (host and pid inside, stale-holder rule)",
-}
-
-
-class Held(Protocol):
-    def release(self) -> None: ...
-
-
-# (path, shared, blocking, on_wait) -> the hold, or None when not blocking and taken.
-Mechanism = Callable[[Path, bool, bool, Callable[[], None]], Held | None]
-
-_worked: dict[int, set[str]] = {}  # st_dev -> the kinds that have worked there, this process
-_said: set[tuple[int, str]] = set()  # (st_dev, kind) named in the log already
-_unrecorded: set[Path] = set()  # folders whose marker this process may not write, said once
-# A folder this process may lock in (its lock files are writable) but not write a marker to.
-NOT_WRITABLE = frozenset({errno.EACCES, errno.EPERM, errno.EROFS})
-_guard = threading.Lock()
+HOST = socket.gethostname()
+DESCRIPTIONS = {"flock": "flock", "lockfile": "lock files created exclusively (filelock leases)"}
+SHARED_GLOB = ".shared-" + "[0-9a-f]" * 32  # a shared holder's lock file, beside the lock's
+_said: set[tuple[Path, str]] = set()  # (folder, kind) named in the log already
 
 
 class LockKindError(OSError):
-    """No lock of the kind every process must use here: never replaced by another kind, which
-    would not exclude the processes using this one."""
+    """No lock of the kind every process must use here: never replaced by another kind."""
 
 
-def forced_kind() -> str | None:
-    value = os.environ.get(KIND_ENV, "").strip().lower()
-    if not value:
-        return None
-    if value not in KINDS:
-        raise ValueError(f"{KIND_ENV}={value!r}: expected one of {', '.join(KINDS)}")
-    return value
-
-
-def _unescape(field: str) -> str:
-    """Mount table fields escape space, tab, newline and backslash as octal."""
-    return re.sub(r"\\([0-7]{3})", lambda match: chr(int(match[1], 8)), field)
-
-
-def mount_of(path: Path) -> tuple[str, str, frozenset[str]] | None:
-    """(mount point, file system type, mount and super options) of the mount holding ``path``."""
-    real = os.path.realpath(path)
-    best: tuple[str, str, frozenset[str]] | None = None
-    try:
-        with open("/proc/self/mountinfo") as table:
-            lines = table.readlines()
-    except OSError:
-        return None
-    for line in lines:
-        left, _, right = line.partition(" - ")
-        fields, tail = left.split(), right.split()
-        if len(fields) < 6 or len(tail) < 3:
-            continue
-        point = _unescape(fields[4])
-        inside = real == point or real.startswith(point.rstrip("/") + "/")
-        # The longest mount point holding the path; a later line (mounted over) wins a tie.
-        if inside and (best is None or len(point) >= len(best[0])):
-            options = frozenset(fields[5].split(",")) | frozenset(tail[2].split(","))
-            best = (point, tail[0], options)
-    return best
-
-
-def local_only(fstype: str, options: frozenset[str]) -> dict[str, str]:
-    """The kinds that lock this host only on such a mount, each with the option saying so."""
+def flock_local_only(fstype: str, options: frozenset[str]) -> str | None:
+    """The mount option that makes ``flock`` lock this host only on such a mount, if any."""
     if fstype.startswith("nfs"):
         scope = "all" if "nolock" in options else "none"
         scope = next((o.split("=", 1)[1] for o in options if o.startswith("local_lock=")), scope)
-        kinds = {"flock": ("flock", "all"), "fcntl": ("posix", "all")}
-        return {kind: f"local_lock={scope}" for kind, scopes in kinds.items() if scope in scopes}
-    if fstype == "lustre" and "localflock" in options:
-        return {"flock": "localflock", "fcntl": "localflock"}
-    return {}
+        return f"local_lock={scope}" if scope in ("flock", "all") else None
+    return "localflock" if fstype == "lustre" and "localflock" in options else None
 
 
-def _note_worked(dev: int, directory: Path, kind: str, why: str, quiet: bool) -> None:
-    """Remember that ``kind`` worked on this file system; the first time, one log line."""
-    with _guard:
-        _worked.setdefault(dev, set()).add(kind)
-        first = (dev, kind) not in _said
-        _said.add((dev, kind))
-    if not first:
-        return
-    mount = mount_of(directory)
-    where = f"{directory} ({mount[1]} at {mount[0]})" if mount else str(directory)
-    if quiet:
-        log.debug("locks in %s: %s, %s", where, DESCRIPTIONS[kind], why)
-    else:
-        log.warning("locks in %s: %s, %s", where, DESCRIPTIONS[kind], why)
+def local_only_here(directory: Path) -> str | None:
+    """Why ``flock`` locks this host only in ``directory`` (its mount's options), if it does."""
+    real, best = os.path.realpath(directory), ("", "", frozenset[str]())
+    with contextlib.suppress(OSError), open("/proc/self/mounts") as table:
+        for line in table:  # the longest mount point holding it wins; a later one, a tie
+            _, point, fstype, options = line.split()[:4]
+            point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m[1], 8)), point)
+            inside = real == point or real.startswith(point.rstrip("/") + "/")
+            if inside and len(point) >= len(best[0]):
+                best = (point, fstype, frozenset(options.split(",")))
+    option = flock_local_only(best[1], best[2])
+    return f"flock locks one host only on {best[1]} mounted {option}" if option else None
 
 
-def _untried_candidates(directory: Path, reasons: list[str]) -> list[str]:
-    """The kinds to try, in order, on a file system not seen yet; those the mount table shows
-    to lock one host only are left out (and why, added to ``reasons``)."""
-    mount = mount_of(directory)
-    if mount is None:
-        return list(KINDS)
-    _, fstype, options = mount
-    skipped = local_only(fstype, options)
-    reasons += [
-        f"{kind} locks one host only on {fstype} mounted {option}"
-        for kind, option in skipped.items()
-    ]
-    return [kind for kind in KINDS if kind not in skipped or kind == "lockfile"]
-
-
-Args = tuple[bool, bool, Callable[[], None]]  # shared, blocking, on_wait
-
-
-def _probe(
-    path: Path, dev: int, forced: str | None, args: Args, mechanisms: dict[str, Mechanism]
-) -> tuple[str, Held | None, str]:
-    """The first kind that works on ``path`` (the forced one, else in order), its hold, and
-    why that kind (for the log line)."""
-    reasons: list[str] = []
-    candidates = [forced] if forced is not None else _untried_candidates(path.parent, reasons)
-    with _guard:
-        worked = set(_worked.get(dev, ()))
-    for kind in candidates:
-        try:
-            held = mechanisms[kind](path, *args)
-        except OSError as error:
-            if forced is not None or kind == "lockfile" or error.errno not in UNSUPPORTED:
-                raise
-            code = errno.errorcode[error.errno]
-            if kind in worked:  # a passing failure: others hold this kind, another excludes none
-                raise LockKindError(
-                    error.errno,
-                    f"{path}: {kind} has worked on this file system in this process and now "
-                    f"fails with {code}; not falling back to another kind, which would not "
-                    f"exclude processes holding {kind} (NFS answers ENOLCK while its lock "
-                    "daemon does not reply: run again once it does)",
-                ) from error
-            reasons.append(f"{kind} failed there with {code}")
-            continue
-        if forced is not None:
-            local = skipped_here(path.parent, kind)
-            why = f"as {KIND_ENV} asks" + (f" ({kind} locks one host only here)" if local else "")
-        else:
-            why = "because " + "; ".join(reasons) if reasons else "the first kind that works"
-        return kind, held, why
-    raise AssertionError("unreachable: the lock file kind never reports unsupported")
-
-
-def _take_recorded(
-    path: Path,
-    dev: int,
-    recorded: marker.Recorded,
-    forced: str | None,
-    args: Args,
-    mechanisms: dict[str, Mechanism],
-) -> Held | None:
-    """The lock of the kind ``recorded`` for its folder, or an error: never another kind."""
-    kind, host = recorded.kind, socket.gethostname()
-    by = f" (chosen by {recorded.chosen_by})" if recorded.chosen_by else ""
-    where = f"{recorded.path} records {kind}{by}"
-    if forced is not None and forced != kind:
-        raise LockKindError(
-            errno.EINVAL,
-            f"{KIND_ENV}={forced} for {path}, but {where} for every lock in {path.parent}: "
-            f"kinds never exclude each other. Give every process of the job the same "
-            f"{KIND_ENV} (or none)",
-        )
-    if forced is None and kind != "lockfile" and skipped_here(path.parent, kind):
-        raise LockKindError(
-            errno.ENOLCK,
-            f"{path}: {where}, but this host ({host}) mounts it so that {kind} locks this host "
-            "only: mount it as the nodes that chose the kind do",
-        )
+def _probe(path: Path) -> tuple[str, str]:  # the kind for a new folder, and why
+    if local := local_only_here(path.parent):
+        return "lockfile", "because " + local
     try:
-        held = mechanisms[kind](path, *args)
+        if _take(probe := UnixFileLock(path, fallback_to_soft=False)):
+            probe.release()
     except OSError as error:
-        if error.errno not in UNSUPPORTED:
+        if error.errno not in UNSUPPORTED:  # ENOSYS: Lustre without -o flock; others: NFS, FUSE
             raise
-        raise LockKindError(
-            error.errno,
-            f"{path}: {where}, and {kind} fails on this host ({host}) with "
-            f"{errno.errorcode[error.errno]}; not using another kind, which would not exclude "
-            f"the processes using {kind}. Mount it on {host} as the other nodes do (or remove "
-            "the marker once no process on any node holds a lock there)",
-        ) from error
-    why = f"as {KIND_ENV} asks" if forced is not None else f"as {where}"
-    _note_worked(dev, path.parent, kind, why, quiet=kind == "flock" and forced is None)
+        return "lockfile", f"because flock failed there with {errno.errorcode[error.errno]}"
+    return "flock", "the first kind that works"
+
+
+def read_marker(directory: Path) -> tuple[str, str] | None:
+    """(kind, who chose it) as ``directory``'s marker records, or None where none is yet."""
+    path, deadline = directory / MARKER_NAME, time.monotonic() + 2.0
+    while True:
+        try:
+            text = path.read_text()
+        except FileNotFoundError:
+            return None
+        lines = [*text.splitlines(), "", ""]
+        if text.endswith("\n") and lines[0] in KINDS:
+            return lines[0], lines[1]
+        if text.endswith("\n") or time.monotonic() > deadline:
+            wrong = f"lock kind marker {path} holds {text.strip()[:80]!r}, not one of {KINDS}"
+            raise OSError(errno.EINVAL, f"{wrong}: remove it while no node holds a lock there")
+        time.sleep(0.02)  # created exclusively, its line still being written
+
+
+def kind_for(path: Path) -> tuple[str, str]:
+    """The kind every process takes on ``path``, and its marker's words (for errors)."""
+    directory, forced = path.parent, os.environ.get(KIND_ENV, "").strip().lower() or None
+    if forced not in (None, *KINDS):
+        raise ValueError(f"{KIND_ENV}={forced!r}: expected one of {', '.join(KINDS)}")
+    probed = None
+    if (recorded := read_marker(directory)) is None:
+        probed = (forced, f"as {KIND_ENV} asks") if forced else _probe(path)
+        # Created exclusively: another process may have recorded first (then it wins).
+        with contextlib.suppress(FileExistsError), open(directory / MARKER_NAME, "x") as marker:
+            marker.write(f"{probed[0]}\nchosen by pid {os.getpid()} on {HOST}\n")
+            marker.flush()
+            os.fsync(marker.fileno())
+        recorded = read_marker(directory)
+    assert recorded is not None
+    kind, where = recorded[0], f"{directory / MARKER_NAME} records {recorded[0]} ({recorded[1]})"
+    if forced is not None and forced != kind:
+        never = f"kinds never exclude each other: give every process the same {KIND_ENV}"
+        raise LockKindError(errno.EINVAL, f"{KIND_ENV}={forced} for {path}, but {where}: {never}")
+    if kind == "flock" and (local := local_only_here(directory)):
+        raise LockKindError(errno.ENOLCK, f"{path}: {where}, but on {HOST} {local}: mount it alike")
+    if (directory, kind) not in _said:
+        _said.add((directory, kind))
+        why = probed[1] if probed and probed[0] == kind else f"as {where}"
+        say = log.warning if kind == "lockfile" else log.debug
+        say("locks in %s: %s, %s", directory, DESCRIPTIONS[kind], why)
+    return kind, where
+
+
+def stale_after_s() -> float:
+    raw = os.environ.get(STALE_ENV) or "120"
+    if not re.fullmatch(r"\d+(\.\d*)?", raw.strip()) or not float(raw) > 0:
+        raise ValueError(f"{STALE_ENV}={raw!r}: expected a number of seconds above 0")
+    return float(raw)
+
+
+def lease(marker: Path) -> SoftFileLease:
+    """A lock file naming its holder, refreshed by a thread (filelock's stale-holder rule)."""
+    stale, beat = stale_after_s(), min(10.0, stale_after_s() / 4)
+    lost = partial(log.warning, "lock record %s lost: %s", marker)  # with filelock's why
+    return SoftFileLease(marker, lease_duration=stale, heartbeat_interval=beat, on_compromise=lost)
+
+
+class SharedFlock(io.FileIO):
+    """A shared ``flock`` on an open file (filelock has none): closing the file lets go."""
+
+    release = io.FileIO.close
+
+
+Held = BaseFileLock | SharedFlock  # what ``acquire`` gives: ``release()`` it
+
+
+def _take(lock: BaseFileLock) -> bool:
+    with contextlib.suppress(Timeout):
+        lock.acquire(blocking=False)
+    return lock.is_locked
+
+
+def _flock(path: Path, shared: bool, blocking: bool) -> Held | None:
+    if not shared:
+        if not _take(lock := UnixFileLock(path, fallback_to_soft=False)) and blocking:
+            lock.acquire()
+        return lock if lock.is_locked else None
+    held = SharedFlock(path, "r")
+    try:
+        fcntl.flock(held, fcntl.LOCK_SH)  # shared holds always wait
+    except BaseException:
+        held.close()
+        raise
     return held
 
 
-def _record(directory: Path, kind: str, held: Held) -> marker.Recorded | None:
-    """The kind recorded for ``directory`` now that ``kind`` worked there (another process's
-    where it recorded first); None where this process may not write the marker, said in a
-    warning (once a folder), its hold kept as before markers existed."""
+def _free(path: Path, judges: dict[Path, SoftFileLease]) -> bool:
+    """Whether no one holds the lock file ``path``: gone, free or stale (taken over), or a
+    shared one without heartbeat for ``stale_s`` + 300 s (removed: its name is its holder's)."""
     try:
-        return marker.record(directory, kind, KINDS)
+        behind = time.time() - path.stat().st_mtime
+    except FileNotFoundError:
+        return True
+    if ".shared-" in path.name and behind > stale_after_s() + 300:
+        log.warning("lock record %s removed: no heartbeat for %.0f s", path, behind)
+        path.unlink(missing_ok=True)
+        return True
+    if not _take(judge := judges.setdefault(path, lease(path))):  # kept: it watches the age
+        return False
+    judge.release()
+    return True
+
+
+def _leases(path: Path, shared: bool, blocking: bool) -> SoftFileLease | None:
+    """Hold ``path`` through lock files (the module's note); None when not ``blocking``, held."""
+    exclusive, pause = path.with_name(path.name + ".excl"), 0.015
+    judges, pattern = {exclusive: lease(exclusive)}, glob.escape(path.name) + SHARED_GLOB
+    while True:
+        token = f"{path.name}.shared-{uuid.uuid4().hex}"  # a name no one else takes
+        mine = lease(path.with_name(token)) if shared else judges[exclusive]
+        if _take(mine):
+            try:
+                others = [exclusive] if shared else path.parent.glob(pattern)
+                if all(_free(other, judges) for other in others):
+                    return mine
+            except BaseException:
+                mine.release()
+                raise
+            mine.release()  # someone else is in: step back
+        if not blocking:
+            return None
+        time.sleep(pause := min(pause * 1.5, 1.0))
+
+
+def acquire(path: Path, shared: bool, blocking: bool) -> Held | None:
+    """``path``'s lock of its folder's kind; None when not ``blocking`` and someone holds it."""
+    kind, where = kind_for(path)
+    os.close(os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666))  # kept: its mtime
+    if kind == "lockfile":
+        return _leases(path, shared, blocking)
+    try:
+        return _flock(path, shared, blocking)
     except OSError as error:
-        if error.errno not in NOT_WRITABLE:
-            held.release()
+        if error.errno not in UNSUPPORTED:
             raise
-        unwritable = error
-    except BaseException:
-        held.release()
-        raise
-    with _guard:
-        first = directory not in _unrecorded
-        _unrecorded.add(directory)
-    if first:
-        log.warning(
-            "locks in %s: %s, not recorded in %s (%s): processes on nodes where %s fails may "
-            "take another kind, which would not exclude this one; let a process that may "
-            "write there take the first lock in it",
-            directory,
-            kind,
-            marker.marker_of(directory),
-            unwritable.strerror,
-            kind,
-        )
-    return None
-
-
-def acquire(
-    path: Path,
-    shared: bool,
-    blocking: bool,
-    on_wait: Callable[[], None],
-    mechanisms: dict[str, Mechanism],
-) -> Held | None:
-    """Take ``path``'s lock with the kind its folder records, or where none is recorded yet, the
-    first kind that works here, then recorded (see the module's note)."""
-    directory, args = path.parent, (shared, blocking, on_wait)
-    forced = forced_kind()
-    dev = os.stat(directory).st_dev
-    recorded = marker.read(directory, KINDS)
-    if recorded is None:
-        kind, held, why = _probe(path, dev, forced, args, mechanisms)
-        if held is None:
-            return None  # taken, and not waiting: its holder records the kind
-        recorded = _record(directory, kind, held)
-        if recorded is None or recorded.kind == kind:
-            _note_worked(dev, directory, kind, why, quiet=kind == "flock" and forced is None)
-            return held
-        held.release()  # another process recorded another kind meanwhile: follow it
-    return _take_recorded(path, dev, recorded, forced, args, mechanisms)
-
-
-def skipped_here(directory: Path, kind: str) -> bool:
-    mount = mount_of(directory)
-    return mount is not None and kind in local_only(mount[1], mount[2])
+        fails = f"flock fails on this host ({HOST}) with {errno.errorcode[error.errno]}"
+        why = "not taking another kind, which would not exclude the processes using flock"
+        cure = f"mount it on {HOST} as the other nodes do"
+        raise LockKindError(error.errno, f"{path}: {where}, and {fails}; {why}: {cure}") from error
