@@ -106,22 +106,19 @@ def test_intra_op_threads_follow_the_allotment_less_the_loader() -> None:
     before, omp = torch.get_num_threads(), os.environ.get("OMP_NUM_THREADS")
     try:
         slurm = {"SLURM_JOB_ID": "7", "SLURM_CPUS_PER_TASK": "4"}
-        assert set_intra_op_threads(None, 1, slurm)["intra_op_threads"] == 3
+        assert set_intra_op_threads(None, 1, slurm).threads == 3
         assert torch.get_num_threads() == 3 and os.environ["OMP_NUM_THREADS"] == "3"
         # No -c: the node's CPUs shared by its tasks.
         node = {"SLURM_JOB_ID": "7", "SLURM_CPUS_ON_NODE": "16", "SLURM_TASKS_PER_NODE": "4(x2)"}
         assert allotted_cpus(node) == (4, "SLURM_CPUS_ON_NODE=16 / 4 tasks")
-        assert set_intra_op_threads(None, 8, node)["intra_op_threads"] == 1  # at least one
+        assert set_intra_op_threads(None, 8, node).threads == 1  # at least one
         cpus = len(os.sched_getaffinity(0))
         torchrun = {"LOCAL_WORLD_SIZE": "2"}
         assert allotted_cpus(torchrun) == (max(1, cpus // 2), f"{cpus} CPUs / 2 local ranks")
-        assert set_intra_op_threads(5, 2, slurm) == {
-            "intra_op_threads": 5,
-            "intra_op_threads_source": "runtime.threads",
-        }
+        assert set_intra_op_threads(5, 2, slurm) == (5, "runtime.threads")
         torch.set_num_threads(before)
         plain = set_intra_op_threads(None, 2, {})
-        assert plain == {"intra_op_threads": before, "intra_op_threads_source": "torch"}
+        assert plain == (before, "torch")
     finally:
         torch.set_num_threads(before)
         if omp is None:

@@ -20,6 +20,7 @@ from loaderbench.config.schema import ModelConfig
 from loaderbench.loaders import Loader
 from loaderbench.measure.metrics import TOP1
 from loaderbench.measure.process_tree import CpuWindow
+from loaderbench.measure.record import CeilingFacts
 from loaderbench.platform.stopping import Preempted, requeue
 from loaderbench.run.autorange import WindowRule, run_passes
 from loaderbench.run.ceiling import job_ceiling
@@ -121,7 +122,9 @@ def train(cfg: DictConfig) -> dict[str, Any]:
                 with val as val_loader:
                     for epoch_metrics in fit_epochs(session, model, loader, val_loader):
                         session.record(epoch_metrics)
-        session.record(job_ceiling(session, model, image_size, train=True))
+        session.record_.ceiling = CeilingFacts(
+            **job_ceiling(session, model, image_size, train=True)
+        )
     return session.metrics
 
 
@@ -192,9 +195,10 @@ def evaluate_checkpoint(cfg: DictConfig) -> dict[str, Any]:
         config = session.config
         trained = load_trained(session) if config.model.name != NO_MODEL else None
         image_size = eval_image_size(config.image_size, trained)
-        session.record(image_size=image_size)
+        what = session.record_.what
+        what.image_size = image_size
         if trained is not None:
-            session.record(model=trained.name, checkpoint=trained.checkpoint)
+            what.model, what.checkpoint = trained.name, trained.checkpoint
         bare = trained.model if trained is not None else None
         workload = evaluation_workload(session, bare, image_size, trained and trained.name)
         settle_num_workers(session, workload)
@@ -205,5 +209,6 @@ def evaluate_checkpoint(cfg: DictConfig) -> dict[str, Any]:
                 model = maybe_compile(trained.model, config.model)
                 session.record(evaluate_model(session, model, loader))
         evaluated = model if trained is not None else None
-        session.record(job_ceiling(session, evaluated, image_size, train=False))
+        ceiling = job_ceiling(session, evaluated, image_size, train=False)
+        session.record_.ceiling = CeilingFacts(**ceiling)
     return session.metrics

@@ -76,7 +76,8 @@ def settle_num_workers(session: Session, workload: Workload) -> None:
         if session.dist.is_main and path is not None:
             save_decision(path, key, decision)
     adopt(session, decision, reused)
-    session.record(autotune_s=time.perf_counter() - started, autotune_key=key_hash(key))
+    facts = session.record_.autotune
+    facts.autotune_s, facts.autotune_key = time.perf_counter() - started, key_hash(key)
     log_decision(decision, reused, path)
     if session.config.bench.drop_page_cache:
         evict_page_cache(session.dataset, settings.folders())
@@ -91,21 +92,20 @@ def probe_and_choose(session: Session, workload: Workload, cpus: int, started: f
         rows = probe(workload, options, cpus, session.monitor, session.config.runtime.threads)
     (count,) = distributed.broadcast_values([choose(rows, options.tolerance)])
     (peak,) = distributed.all_reduce(probe_peak)
-    session.record(autotune_peak_rss_mb=peak / 2**20)
+    session.record_.autotune.autotune_peak_rss_mb = peak / 2**20
     probe_s = time.perf_counter() - started
     return Decision(int(count), [row.as_dict() for row in rows], probe_s)
 
 
 def adopt(session: Session, decision: Decision, reused: bool) -> None:
     """The count's intra-op threads set; the count and the probe recorded (once)."""
-    session.record(set_intra_op_threads(session.config.runtime.threads, decision.num_workers))
-    session.record(
-        num_workers=decision.num_workers,
-        autotune_reused=reused,
-        autotune_probe=decision.probe,
-        # What each rank adopted (one count, broadcast from rank 0).
-        autotune_rank_workers=distributed.gather_objects(decision.num_workers),
-    )
+    placement, facts = session.record_.placement, session.record_.autotune
+    threads = set_intra_op_threads(session.config.runtime.threads, decision.num_workers)
+    placement.intra_op_threads, placement.intra_op_threads_source = threads
+    placement.num_workers = decision.num_workers
+    facts.autotune_reused, facts.autotune_probe = reused, decision.probe
+    # What each rank adopted (one count, broadcast from rank 0).
+    facts.autotune_rank_workers = distributed.gather_objects(decision.num_workers)
     session.logger.log_table("autotune/probe", decision.probe)
 
 

@@ -174,6 +174,11 @@ METRICS: tuple[Metric, ...] = (
         gpu_check=True,
     ),
     Metric(
+        "startup_s",
+        "seconds from the process's start to its first loop (with ttfb_s: the first batch's wait)",
+        "max",
+    ),
+    Metric(
         "data_wait_frac",
         "share of the loop's wall time spent waiting for the next batch (mean over ranks)",
         "mean",
@@ -255,6 +260,7 @@ METRICS: tuple[Metric, ...] = (
     Metric("top1", "validation top-1 accuracy (0 to 1)", summary=True),
     Metric("top5", "validation top-5 accuracy (0 to 1)", summary=True),
     Metric("loss", "mean training loss of the last epoch", summary=True),
+    Metric("val_loss", "mean validation loss of the last epoch"),
     Metric("epochs", "epochs run", summary=True, digits=None),
     Metric(GLOBAL_BATCH, "images a step over every rank (kept on a resume on M ranks)"),
     Metric(

@@ -8,7 +8,7 @@ import os
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 import torch
@@ -156,14 +156,21 @@ def cpus_allowed(env: os._Environ | dict[str, str] = os.environ) -> int:
     return max(1, allotment[0] if allotment else _affinity_cpus())
 
 
+class IntraOpThreads(NamedTuple):
+    """torch's intra-op threads in this process, and what set that number."""
+
+    threads: int
+    source: str
+
+
 def set_intra_op_threads(
     configured: int | None, loader_threads: int, env: os._Environ | dict[str, str] = os.environ
-) -> dict[str, object]:
+) -> IntraOpThreads:
     """torch's intra-op threads (and OpenMP's, for child processes) for this process: the
     CPUs it was given less its loader's decode threads or workers, at least one;
     ``runtime.threads=N`` overrides. Several ranks or SLURM tasks on one node would otherwise
     each run as many intra-op threads as the node has cores, plus their loaders' threads.
-    Returns what metrics.json records."""
+    Returns the count and its source (metrics.json's ``intra_op_threads`` and its source)."""
     allotment = allotted_cpus(env)
     if configured is not None:
         threads, source = configured, "runtime.threads"
@@ -172,8 +179,8 @@ def set_intra_op_threads(
         threads = max(1, cpus - loader_threads)
         source = f"{given_by} - {loader_threads} loader threads"
     else:
-        return {"intra_op_threads": torch.get_num_threads(), "intra_op_threads_source": "torch"}
+        return IntraOpThreads(torch.get_num_threads(), "torch")
     torch.set_num_threads(threads)
     os.environ["OMP_NUM_THREADS"] = str(threads)
     log.info("intra-op threads: %d (%s)", threads, source)
-    return {"intra_op_threads": threads, "intra_op_threads_source": source}
+    return IntraOpThreads(threads, source)

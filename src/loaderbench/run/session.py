@@ -6,8 +6,9 @@ the set-up steps in order, each a small function that takes the typed piece it n
 returns what it makes (``start_process``, ``find_dataset``, ``prepare_page_cache``,
 ``start_logger``), hands the ``Session`` to the task, and whatever happens, finishes:
 ``metrics.json`` and ``run_config.json`` written (rank 0, ``records``), W&B finished, the
-process group shut down. The task's steps return their numbers and the task records them with
-``Session.record``, the only writer of the run's metrics.
+process group shut down. metrics.json is the session's typed record (``measure.record``): the
+set-up fills its sections, and the task's steps return their figures, which the task records
+with ``Session.record``.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ from loaderbench.measure.metrics import (
 )
 from loaderbench.measure.process_tree import CpuWindow, ProcessTreeMonitor
 from loaderbench.measure.ranks import reduce_loop_metrics
+from loaderbench.measure.record import DataSetFacts, RunRecord, WhatRan
 from loaderbench.platform import distributed
 from loaderbench.platform.distributed import DistInfo
 from loaderbench.platform.pagecache import evict, files_under
@@ -103,7 +105,8 @@ class Session:
     # ``num_workers=auto`` settles on (``autotune.settle_num_workers``) once it has. What every
     # loader is built with, and what ``run_config.json`` records.
     loader: LoaderSettings
-    metrics: dict[str, Any] = field(default_factory=dict)
+    # metrics.json, typed (``measure.record``); built from ``composed`` where not given.
+    run_record: RunRecord | None = None
     eval_steps: int = 0  # batches over every evaluation pass so far: the eval curves' axis
     resumable: Resumable | None = None  # the run directory's own checkpoint, to continue
     # Per split, what ``Loader.prepare`` did before its loader was built (memmap: built the
@@ -114,9 +117,23 @@ class Session:
     # A resume on another number of ranks: the interrupted epoch, as these ranks continue it.
     resumed_epoch: ResumedEpoch | None = None
 
+    def __post_init__(self) -> None:
+        if self.run_record is None:
+            self.run_record = RunRecord(what_ran(self.composed, self.task))
+
+    @property
+    def record_(self) -> RunRecord:
+        assert self.run_record is not None  # __post_init__ makes one
+        return self.run_record
+
+    @property
+    def metrics(self) -> dict[str, Any]:
+        """The run's record as metrics.json's keys (a copy: write through ``record``)."""
+        return self.record_.as_dict()
+
     def record(self, values: dict[str, Any] | None = None, **more: Any) -> None:
-        """Add a step's numbers to the run's metrics (metrics.json and the W&B summary)."""
-        self.metrics.update(values or {}, **more)
+        """Add a step's figures (the metric catalog's keys) to the run's record."""
+        self.record_.add(values, **more)
 
     def loader_spec(
         self,
@@ -154,7 +171,7 @@ class Session:
             loader.close()
             self.skipped.setdefault(split, set()).update(loader.skipped_indices())
             stats = {**loader.stats(), **self.prepared.get(split, {})}
-            self.record({f"loader_{split}_{k}": v for k, v in stats.items()})
+            self.record_.add_loader(split, stats)
             # Pillow decodes where a loader names no other library (torchvision, memmap raw).
             primary = stats.get("jpeg_backend", "pil")
             if warning := fallback_warning(split, stats.get(DECODED_BY) or {}, primary):
@@ -164,7 +181,8 @@ class Session:
         """A meter for the next loop. The first one marks the end of start-up: ``startup_s``
         is the time from the process's start (interpreter and imports included) to here, so
         ``startup_s + ttfb_s`` is what a user waits for the first batch."""
-        self.metrics.setdefault("startup_s", time.time() - psutil.Process().create_time())
+        if "startup_s" not in self.record_.figures:
+            self.record(startup_s=time.time() - psutil.Process().create_time())
         edges = synchronizer(self.device)
         bench = self.config.bench
         sync = edges if bench.sync_cuda else None
@@ -298,37 +316,46 @@ def start_logger(
     )
 
 
-def base_metrics(composed: dict[str, Any], task: str) -> dict[str, Any]:
+def what_ran(composed: dict[str, Any], task: str) -> WhatRan:
     """What ran, known before anything starts (from the config as composed: a run whose
-    config fails validation records them too)."""
+    config fails validation records it too)."""
     loader = composed["loader"]
-    return {
-        "task": task,
-        "status": "running",
-        "loader": loader["name"],
-        "model": composed["model"]["name"],
-        "device": composed["device"]["type"],
-        "precision": composed["precision"]["name"],
-        # batch_size and num_workers: recorded once each, where the run settles them.
-        "num_workers_auto": loader["num_workers"] == AUTO,
-        "prefetch": loader["prefetch"],
-        "image_size": composed["image_size"],
-        "seed": composed["seed"],
-        "crop_stream": CROP_STREAM,  # which train crops a (seed, epoch, image) gets
-        SKIPPED_FILES: 0,
-        "version": VERSION,
-    }
+    return WhatRan(
+        task=task,
+        loader=loader["name"],
+        model=composed["model"]["name"],
+        device=composed["device"]["type"],
+        precision=composed["precision"]["name"],
+        num_workers_auto=loader["num_workers"] == AUTO,
+        prefetch=loader["prefetch"],
+        image_size=composed["image_size"],
+        seed=composed["seed"],
+        crop_stream=CROP_STREAM,
+        version=VERSION,
+    )
 
 
-def dataset_metrics(dataset: DatasetIndex) -> dict[str, Any]:
-    return {
-        "num_classes": dataset.num_classes,
-        "train_size": len(dataset.train),
-        "val_size": len(dataset.val),
-        "dataset_root": str(dataset.root),
-        "dataset_index_check": dataset.checked,
-        "dataset_files_changed": dataset.files_changed,
-    }
+def dataset_facts(dataset: DatasetIndex) -> DataSetFacts:
+    return DataSetFacts(
+        num_classes=dataset.num_classes,
+        train_size=len(dataset.train),
+        val_size=len(dataset.val),
+        dataset_root=str(dataset.root),
+        dataset_index_check=dataset.checked,
+        dataset_files_changed=dataset.files_changed,
+    )
+
+
+def record_totals(record: RunRecord, totals: dict[str, Any]) -> None:
+    """The process tree's totals (``tree_totals``, ``skipped_counts``) into their places: the
+    distinct skipped files in the ending, each split's with its loader, the rest as figures."""
+    figures = dict(totals)
+    record.ending.skipped_files = figures.pop(SKIPPED_FILES, record.ending.skipped_files)
+    per_split = f"_{SKIPPED_FILES}"
+    for key in [key for key in figures if key.startswith("loader_") and key.endswith(per_split)]:
+        split = key.removeprefix("loader_").removesuffix(per_split)
+        record.add_loader(split, {SKIPPED_FILES: figures.pop(key)})
+    record.add(figures)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -344,37 +371,37 @@ def open_session(cfg: DictConfig, task: str) -> Iterator[Session]:
         run_dir = Path(HydraConfig.get().runtime.output_dir)
         composed = OmegaConf.to_container(cfg, resolve=True)
         assert isinstance(composed, dict)
-        metrics = base_metrics(composed, task)
+        record = RunRecord(what_ran(composed, task))
+        ending = record.ending
         monitor = ProcessTreeMonitor()
         info = distributed.dist_info()
         session: Session | None = None
         try:
-            session = _set_up(cfg, composed, task, run_dir, info, monitor, metrics)
+            session = _set_up(cfg, composed, task, run_dir, info, monitor, record)
             yield session
             raise_if_stop_requested()  # a signal whose KeyboardInterrupt Python swallowed
             totals = tree_totals(monitor, session.dataset, session.skipped, info.world_size)
-            metrics.update(totals, status="ok")
+            record_totals(record, totals)
+            ending.status = "ok"
         except KeyboardInterrupt:
-            metrics["status"] = "interrupted"
+            ending.status = "interrupted"
             raise
         except Preempted:
-            metrics["status"] = "preempted"
+            ending.status = "preempted"
             raise
         except BaseException as error:
-            metrics.update(status="failed", error=f"{type(error).__name__}: {error}")
+            ending.status, ending.error = "failed", f"{type(error).__name__}: {error}"
             raise
         finally:
             monitor.stop()
-            metrics.update(
-                peak_rss_mb=monitor.peak_rss_bytes / 2**20,
-                wall_s=time.perf_counter() - started,
-            )
+            record.add({PEAK_RSS_MB: monitor.peak_rss_bytes / 2**20})
+            ending.wall_s = time.perf_counter() - started
             # A preempted or interrupted run too (the usual end on a cluster): its epochs'
             # per-rank figures so far (no collective here: the ranks may not all be in it).
-            stopped = metrics.get("status") in ("ok", "preempted", "interrupted")
-            if info.is_main and stopped and (note := straggler_note(metrics)):
+            stopped = ending.status in ("ok", "preempted", "interrupted")
+            if info.is_main and stopped and (note := straggler_note(record.as_dict())):
                 log.warning(note)
-            _finish(session, info, run_dir, metrics)
+            _finish(session, info, run_dir, record)
 
 
 def _set_up(
@@ -384,11 +411,12 @@ def _set_up(
     run_dir: Path,
     info: DistInfo,
     monitor: ProcessTreeMonitor,
-    metrics: dict[str, Any],
+    record: RunRecord,
 ) -> Session:
     config = validate_config(cfg)  # every key, before anything starts; cfg is not read again
     device, precision = start_process(config, info)
-    metrics.update(world_size=info.world_size, device=str(device))
+    placement = record.placement
+    placement.world_size, record.what.device = info.world_size, str(device)
     resumable = find_resumable(config, composed, run_dir, task)
     note_fresh_start(config, run_dir, task, info.world_size)
     # A resume keeps the checkpoint's global batch: on another number of ranks, another
@@ -399,17 +427,17 @@ def _set_up(
         else Continued(config.loader)
     )
     settings = continued.settings
-    metrics.update(
-        batch_size=settings.batch_size, global_batch=settings.batch_size * info.world_size
-    )
+    placement.batch_size = settings.batch_size
+    placement.global_batch = settings.batch_size * info.world_size
     if not settings.auto_workers:  # else recorded where the probe settles the count
-        metrics["num_workers"] = settings.num_workers
-        metrics.update(set_intra_op_threads(config.runtime.threads, settings.num_workers))
+        threads = set_intra_op_threads(config.runtime.threads, settings.num_workers)
+        placement.num_workers = settings.num_workers
+        placement.intra_op_threads, placement.intra_op_threads_source = threads
     dataset = find_dataset(config.dataset, settings, task, info.world_size)
-    metrics.update(dataset_metrics(dataset))
-    metrics["page_cache"] = prepare_page_cache(config.bench, dataset, settings)
+    record.data = dataset_facts(dataset)
+    record.data.page_cache = prepare_page_cache(config.bench, dataset, settings)
     if task == "train":
-        metrics["requeues"] = resumable.requeues if resumable else 0
+        record.data.requeues = resumable.requeues if resumable else 0
     run_id = resumable and resumable.wandb_run_id
     logger = start_logger(config.logger, composed, run_dir, task, info, run_id)
     monitor.start()
@@ -425,31 +453,31 @@ def _set_up(
         monitor,
         composed,
         settings,
-        metrics,
+        record,
         resumable=resumable,
         resumed_epoch=continued.resumed,
     )
 
 
-def _finish(
-    session: Session | None, info: DistInfo, run_dir: Path, metrics: dict[str, Any]
-) -> None:
-    if metrics["status"] != "ok":  # not reduced over ranks: this rank's own count
-        metrics.update(skipped_counts(session.dataset, session.skipped) if session else {})
+def _finish(session: Session | None, info: DistInfo, run_dir: Path, record: RunRecord) -> None:
+    ending = record.ending
+    if ending.status != "ok" and session is not None:  # not reduced over ranks: this rank's
+        record_totals(record, skipped_counts(session.dataset, session.skipped))
     if session is not None and session.device.type == "cuda":
-        metrics["pinned_host_peak_mb"] = pinned_host_peak_bytes() / 2**20
+        ending.pinned_host_peak_mb = pinned_host_peak_bytes() / 2**20
+    metrics = record.as_dict()
     if info.is_main:
         write_metrics(run_dir, metrics)
         if session is not None:
             write_run_config(run_dir, session.config, session.loader)
-    if metrics["status"] == "preempted":
+    if ending.status == "preempted":
         # Every rank stopped at the same step. They leave together once rank 0's records are
         # written: torchrun stops every rank as soon as one exits with an error.
         _finish_logger(session, metrics)
         distributed.barrier()
         distributed.shutdown()
     else:
-        distributed.shutdown(failed=metrics["status"] != "ok")
+        distributed.shutdown(failed=ending.status != "ok")
         _finish_logger(session, metrics)
     log.info("metrics: %s", json.dumps(metrics, sort_keys=True))
 
