@@ -42,7 +42,8 @@ import torch
 
 from loaderbench.data.synthetic import SyntheticSpec, ensure_synthetic
 from loaderbench.loaders import file_loader_names, settings_class
-from loaderbench.measure.metrics import DECODED_BY, IMAGES_PER_S, report_columns
+from loaderbench.measure.metrics import DECODED_BY, IMAGES_PER_S
+from tools.bench.columns import COLUMNS
 from tools.bench.crop_limit import measure_crop_limit
 from tools.bench.limits import (
     DecodeLimit,
@@ -218,7 +219,7 @@ def loader_rows(task: str, runs: list[dict[str, str]], limits: Limits) -> list[R
                 pipeline=task,
                 name=run["loader"],
                 workers=int(run["num_workers"]),
-                **{m.key: number(run.get(m.key)) for m in report_columns()},
+                **{key: number(run.get(key)) for key in COLUMNS},
                 note=row_note(run),
                 kind="loader",
                 ceiling_frac_null_reason=run.get("ceiling_frac_null_reason") or None,
