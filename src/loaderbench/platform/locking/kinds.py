@@ -1,20 +1,12 @@
 """Which lock a file system gets: ``flock``, else a POSIX record lock, else a lock file.
 
-``flock`` is tried first; where the call fails as unsupported (Lustre mounted without
-``-o flock`` says ENOSYS, some NFS and FUSE set-ups ENOLCK, EOPNOTSUPP or EINVAL) the next kind
-is tried on the same file. A kind the mount table shows to lock one host only is skipped before
-it is tried, since it would "work" and exclude nothing across nodes: ``flock`` on NFS mounted
-``local_lock=flock|all`` (or ``nolock``), POSIX locks there with ``local_lock=posix|all``, both
-on Lustre mounted ``-o localflock``. One log line per process and file system names the kind
-(a warning: the file system lacks what the lock would ordinarily use).
-
-Kinds never exclude each other, so processes must agree: the first to lock in a folder records
-the kind that worked in ``<folder>/.lockkind`` (``marker``), and every later process uses that
-kind or fails naming the marker, the kind and its host, never choosing another. A kind that has
-worked on a file system in this process and then fails (NFS answers ENOLCK while its lock
-daemon does not reply) raises too, rather than falling through to a kind others do not use.
-``LOADERBENCH_LOCK=flock|fcntl|lockfile`` forces a kind; one that disagrees with the folder's
-marker is an error.
+A kind whose call fails as unsupported, or that the mount table shows to lock one host only (it
+would "work" and exclude nothing across nodes), gives way to the next; one log line per process
+and file system names the kind. Kinds never exclude each other, so the first process to lock in
+a folder records its kind (``marker``) and every later one uses it or fails naming it; so does a
+kind that worked here and then fails, and a ``LOADERBENCH_LOCK=flock|fcntl|lockfile`` that
+disagrees with the marker. docs/imagenet_and_slurm.md ("Locks on cluster filesystems") has the
+errors and mount options.
 """
 
 from __future__ import annotations

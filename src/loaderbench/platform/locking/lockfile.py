@@ -1,29 +1,15 @@
-"""Locks as files created exclusively (``O_CREAT | O_EXCL``): the last resort, for file systems
-with neither ``flock`` nor POSIX locks across nodes (Lustre mounted without ``-o flock`` or with
-``-o localflock``). Creating a file that must not exist is atomic on the server on every
-network file system in use (NFSv3 and later, Lustre, GPFS, CephFS).
+"""Locks as files created exclusively (``O_CREAT | O_EXCL``, atomic on the server on NFSv3+,
+Lustre, GPFS, CephFS): the last resort, where neither ``flock`` nor POSIX locks hold across nodes.
 
 Beside the lock file ``X``: ``X.excl``, the exclusive holder's record, and one
-``X.shared-<token>`` per shared hold; each record names its holder (host, boot, pid namespace,
-pid and the process's start time). A shared holder writes its record, then looks for
-``X.excl``; an exclusive holder creates ``X.excl``, then waits until no shared record is left.
-Each writes before it looks, so two at once cannot both miss the other.
-
-Nothing frees a record when its holder dies, hence the stale-holder rule:
-
-- a holder on this machine (same host name, boot and pid namespace) is stale once its process
-  is gone (a pid reused by another process counts as gone: its start time differs);
-- a holder elsewhere refreshes its records' mtime every ``stale_s / 4`` seconds (at most 10 s)
-  from a thread, and is stale once a record stayed unchanged for ``stale_s`` seconds while
-  this process watched, or its mtime is ``stale_s`` + 300 s behind this host's clock (the
-  300 s absorb clocks that disagree). ``stale_s`` is ``LOADERBENCH_LOCK_STALE_S``, 120 s by
-  default: raise it on NFS mounted with attribute caching longer than a minute (``actimeo``).
-
-A stale record is removed under ``<record>.break`` (created exclusively too): it is renamed to a
-name of the remover's own first, then checked to be the very record judged stale (same file,
-same content), and put back when it is not, so neither a second remover nor a holder releasing
-meanwhile makes the remover delete the record a newcomer has just made; one log line says whose
-record went and why.
+``X.shared-<token>`` per shared hold, each naming its holder (host, boot, pid namespace, pid,
+start time). Each holder writes its record before it looks for the other kind's, so two at once
+cannot both miss each other. Nothing frees a dead holder's record, hence the stale rule: one on
+this machine is stale once its process is gone; one elsewhere refreshes its records' mtime from
+a thread, and is stale once a record stays unchanged for ``stale_s``
+(``LOADERBENCH_LOCK_STALE_S``) or lags this host's clock by more than that and a margin. A stale
+record is removed under ``<record>.break``, renamed first and checked to be the very record
+judged stale, so no remover deletes one a newcomer has just made.
 """
 
 from __future__ import annotations

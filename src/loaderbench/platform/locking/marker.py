@@ -1,16 +1,10 @@
 """The lock kind of a folder, recorded once in ``<folder>/.lockkind`` so every process agrees.
 
-Kinds never exclude each other (a ``flock`` holder does not keep out a POSIX lock, nor a lock
-file), so every process taking a lock in a folder must use the same kind, whatever its own node
-would choose: nodes may mount one path with other options, and NFS answers ENOLCK for a while
-when its lock daemon does not reply. The first process to take a lock in the folder records the
-kind that worked for it; the others read it and use that kind or fail, naming the marker.
-
-The marker is written whole under a temporary name, then linked into place: ``link`` fails
-where the name exists, so exactly one writer wins and no reader sees it half-written. Where the
-file system has no hard links it is created exclusively (``O_CREAT | O_EXCL``) and written in
-place; a reader then waits a moment for its line to end. It is never removed by the project: a
-folder's locks keep their kind as long as the folder lives.
+Kinds never exclude each other, and nodes may choose differently (other mount options, NFS's
+ENOLCK while its lock daemon is silent): the first process to lock in the folder records the
+kind that worked, and the others use it or fail, naming the marker. It is written whole under a
+temporary name and linked into place (one writer wins, no reader sees half of it), or, without
+hard links, created exclusively and written in place. The project never removes it.
 """
 
 from __future__ import annotations

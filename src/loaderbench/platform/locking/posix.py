@@ -1,15 +1,11 @@
 """POSIX record locks (``fcntl.lockf``): what NFS and Lustre lock across nodes where ``flock``
 fails or locks one host only.
 
-POSIX locks belong to the process, not to the open file: two locks one process takes on the
-same file never exclude each other (the second converts the first), and closing ANY descriptor
-of the file drops every lock the process holds on it. So each lock file gets one descriptor per
-process, kept open while any hold of this process needs it, with the process's holders counted
-here: threads of one process exclude each other through this table as they would with
-``flock``, and the descriptor is unlocked and closed only when the last hold goes. Nothing else
-in the project opens a lock file, so no stray ``close`` drops a lock.
-
-A forked child holds none of its parent's POSIX locks; it starts with an empty table.
+POSIX locks belong to the process: a second lock on the same file converts the first, and
+closing ANY descriptor of the file drops them all. So each lock file has one descriptor per
+process, its holds counted here (threads exclude each other through this table, as with
+``flock``), closed only when the last hold goes. A forked child holds none of its parent's
+locks and starts with an empty table.
 """
 
 from __future__ import annotations
