@@ -1,6 +1,7 @@
-"""Old memmap caches: list them with their size and last use, and remove the unused ones
-(``make clean-cache UNUSED_DAYS=30``; ``python -m loaderbench.loaders.memmap.housekeeping
-[--cache-dir cache] [--unused-days 30] [--remove]``).
+"""Old memmap caches: list them with their size and last use, and remove the unused ones.
+
+``make clean-cache UNUSED_DAYS=30``, or ``python -m loaderbench.loaders.memmap.housekeeping
+[--cache-dir cache] [--unused-days 30] [--remove]``.
 
 A run never removes a cache (another may be reading it), so this does, cautiously: a cache a
 running job holds "in use" (a shared lock on ``.<name>.inuse``, whose mtime is the last use) is
