@@ -219,7 +219,7 @@ def _take_recorded(
 def _record(directory: Path, kind: str, held: Held) -> marker.Recorded | None:
     """The kind recorded for ``directory`` now that ``kind`` worked there (another process's
     where it recorded first); None where this process may not write the marker, said in a
-    warning (once a folder), its hold kept as before markers existed."""
+    warning (once a folder), its hold kept without a marker."""
     try:
         return marker.record(directory, kind, KINDS)
     except OSError as error:
