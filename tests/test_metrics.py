@@ -102,19 +102,24 @@ def test_a_new_metric_is_its_declaration(monkeypatch: pytest.MonkeyPatch, tmp_pa
 
 
 def test_the_report_and_the_gpu_check_take_their_columns_from_the_catalog() -> None:
-    """Every report column has a title and decimals, in the table's order; the GPU check's
-    columns are declared metrics; the epoch curves are W&B's ``epoch/<key>``."""
-    from loaderbench.measure.metrics import BY_KEY, epoch_curves, gpu_check_columns, report_columns
-    from tools.bench.render import pipeline_header
+    """The report's columns (tools/bench/columns.py) and the GPU check's (its report.py) are
+    metrics of the catalog, the rate first, each report column titled in the pipelines table;
+    the epoch curves are W&B's ``epoch/<key>``."""
+    from dataclasses import fields
 
-    columns = report_columns()
-    assert columns[0].key == "images_per_s"
-    assert all(m.report_title and m.report_decimals is not None for m in columns)
+    from loaderbench.measure.metrics import BY_KEY, epoch_curves
+    from tools.bench.columns import COLUMNS
+    from tools.bench.render import pipeline_header
+    from tools.bench.schema import Row
+    from tools.gpu_check.report import DECIMALS, ROW_METRICS
+
+    assert next(iter(COLUMNS)) == "images_per_s" and set(COLUMNS) <= set(BY_KEY)
+    assert set(COLUMNS) <= {field.name for field in fields(Row)}  # a row holds every column
     header = pipeline_header()
-    assert all(m.report_title in header for m in columns)
+    assert all(column.title in header for column in COLUMNS.values())
     assert header.index("images/s") < header.index("vs FFCV")
-    assert {"images_per_s", "data_wait_frac"} <= set(gpu_check_columns())
-    assert all(key in BY_KEY for key in gpu_check_columns())
+    assert {"images_per_s", "data_wait_frac"} <= set(ROW_METRICS)
+    assert set(DECIMALS) <= set(ROW_METRICS) <= set(BY_KEY)
     curves = epoch_curves({"images_per_s": 10.0, "data_wait_frac": 0.5})
     assert curves["epoch/data_wait_frac"] == 0.5 and curves["epoch/images_per_s"] == 10.0
 

@@ -1,15 +1,12 @@
 """``python -m loaderbench.launch [torchrun's arguments]``: torchrun that outlives SLURM's
 preemption signal.
 
-SLURM's warning before a time limit or a preemption (``--signal=USR2@N``, ``scancel
---signal=USR2``) reaches every process of the step, and under ``srun torchrun ...`` that
-includes torchrun, which does not handle USR2: it died at once while its ranks were still
-writing the checkpoint, and the step (its task gone) took the ranks with it. Here USR2 is set
-to be ignored, and torchrun (``torch.distributed.run``, the same interpreter) is executed in
-this process: an ignored signal stays ignored across ``exec``, so the launcher keeps its pid
-(srun's task) and lives until its ranks have saved their state and left. Each rank installs
-its own handler (``stopping.preemption_noted``) and stops at a step boundary.
-docs/imagenet_and_slurm.md, "Preemption under torchrun".
+SLURM's USR2 warning before a time limit or preemption reaches every process of the step,
+torchrun included, which does not handle it: it dies at once, taking its ranks with it while
+they write their checkpoint. Here USR2 is ignored and torchrun is executed in this process (an
+ignored signal stays ignored across ``exec``), so the launcher keeps srun's task alive until
+its ranks, each with its own handler, have saved their state and left
+(docs/imagenet_and_slurm.md, "Preemption under torchrun").
 """
 
 from __future__ import annotations

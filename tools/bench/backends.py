@@ -1,18 +1,12 @@
 """The JPEG backends of ``loaderbench.imaging.decode`` side by side on real photos: what keeps each.
 
-``python -m tools.bench.backends DIR [--images 400] [--image-size 224] [--threads 1 2]``
-decodes the first ``--images`` JPEGs under DIR (all in memory first, so no file reads are
-timed) and prints, per job and thread count, CPU ms an image (the process's CPU time: it holds
-up on a shared machine, where wall time does not) and images/s:
-
-* ``full``: a whole decode, by each backend that loads here;
-* ``region``: each image's train box alone (``seeded_crops`` of seed 0, epoch 0, the boxes
-  the loaders draw), by each backend that decodes regions;
-* ``train-full`` / ``train-region``: the box cut from a whole decode, or decoded alone, then
-  resized to the output size (``resize_uint8``): a train image's decode work;
-* ``scaled``, over the boxes at least twice the output in both sides (the only ones a
-  DCT-scaled decode could serve without upsampling): PIL's scaled whole decode (``draft``)
-  + crop + resize against ``train-region`` on the same boxes.
+``python -m tools.bench.backends DIR [--images 400] [--image-size 224] [--threads 1 2]`` decodes
+the first ``--images`` JPEGs under DIR (held in memory: no file reads timed) and prints, per job
+and thread count, CPU ms an image (it holds up on a shared machine, where wall time does not)
+and images/s. The jobs: ``full`` (a whole decode), ``region`` (each train box alone, the boxes
+the loaders draw), ``train-full`` / ``train-region`` (the box cut from a whole decode or decoded
+alone, then resized), and ``scaled`` (PIL's DCT-scaled decode, on the boxes at least twice the
+output in both sides, against ``train-region``). docs/decoding.md keeps the results.
 """
 
 from __future__ import annotations

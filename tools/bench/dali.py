@@ -1,18 +1,11 @@
 """NVIDIA DALI as a peer in the benchmark report: what many users would pick instead.
 
-DALI's CPU backend is what NVIDIA's own ImageNet training recipes use where GPUs are scarce
-for decoding (DGX A100); its ``mixed`` backend decodes with nvJPEG. The pipelines here do the
-report's two jobs on the same files, with the same batch size and as many threads as our
-loaders have workers, uint8 out (normalising is the model's job in every loader here):
-
-* val: decode, resize the short side to ``val_resize_size(size)`` (antialiased), crop the
-  centre ``size`` x ``size``;
-* train: ``fn.decoders.image_random_crop`` with the same area and aspect-ratio ranges (it
-  decodes only the region it keeps, as our spdl decoder does not), resize to ``size`` x
-  ``size``, flip half of them.
-
-DALI is not in ``requirements.txt`` (a 200 MB wheel): ``make bench`` installs it on demand
-(``nvidia-dali-cuda130``), and the report says so where it is missing.
+Its pipelines do the report's two jobs on the same files, with the same batch size and as many
+threads as our loaders have workers, uint8 out: val decodes, resizes the short side and crops
+the centre; train uses ``fn.decoders.image_random_crop`` (decoding only the region it keeps)
+with the same area and aspect ranges, resizes and flips half. DALI is not in
+``requirements.txt``: ``make bench`` installs it on demand (``nvidia-dali-cuda130``), and the
+report says so where it is missing.
 """
 
 from __future__ import annotations

@@ -1,27 +1,13 @@
 """FFCV as a peer in the benchmark report: the other store-based loader users would pick.
 
-FFCV writes a split once into a ``.beton`` file (each image shrunk to a maximum side, stored as
-raw pixels or as a JPEG) and reads it back with numba-compiled pipelines on threads. It is
-measured here the way the memmap loader is used, on the same files:
-
-* stores: ``write_mode=raw`` and ``write_mode=jpg``, at the memmap train store's stored long
-  side (``loader.store_max_side``, else its ``train_store_ratio`` rule) and its JPEG quality
-  (``loader.store_quality``); their bytes per image are the images' own (pixels or JPEG, as
-  memmap's are counted), the file's (header, metadata and page padding in) beside them;
-* train: ``RandomResizedCropRGBImageDecoder`` with the same area and aspect-ratio ranges,
-  ``RandomHorizontalFlip``, uint8 NCHW out (``ToTensor``, ``ToTorchImage``), random order,
-  the last partial batch dropped, ``os_cache=True`` (the page cache, as memmap reads it);
-* val: ``CenterCropRGBImageDecoder`` with ratio ``size / val_resize_size(size)``: the centre
-  crop of Resize + CenterCrop taken from the stored image, resized to ``size`` (memmap's val
-  store holds the exact crops instead, so its val rows do no work after the gather).
-
-Its ``num_workers`` are numba threads, set to the row's worker count. Numba compiles a
-loader's pipeline on its first pass (seconds): that pass is a warm-up, not measured, as the
-memmap cache's build is not part of its rows. (When a loader is collected, numba 0.68's
-dispatcher finalizer may print an ignored ``KeyError``: harmless, and not ours to silence.)
-
-FFCV is not in ``requirements.txt`` (it builds against libturbojpeg and OpenCV): ``make bench``
-installs it on demand, and the report goes on without its rows where it cannot be imported.
+FFCV writes a split once into a ``.beton`` file (raw pixels or JPEG, shrunk to a maximum side)
+and reads it back with numba-compiled pipelines on threads (``num_workers``). It is measured the
+way memmap is used, on the same files: ``write_mode=raw`` and ``jpg`` at memmap's train store's
+long side and JPEG quality; train with ``RandomResizedCropRGBImageDecoder`` (the same ranges)
+and a flip, val with ``CenterCropRGBImageDecoder`` (the centre crop of Resize + CenterCrop);
+uint8 NCHW out, ``os_cache=True``. A loader's first pass compiles (seconds) and is a warm-up,
+not measured. numba's dispatcher finalizer may print an ignored ``KeyError``: harmless. FFCV
+is installed on demand by ``make bench``; the report goes on without its rows where it is not.
 """
 
 from __future__ import annotations

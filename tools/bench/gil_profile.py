@@ -1,17 +1,13 @@
 """GIL-held milliseconds per 1,000 images, by thread: ``make profile ARGS='--gil ...'``.
 
-py-spy samples only the thread holding the GIL (``py-spy record --gil``), ``--rate`` times a
-second, from outside the process. A thread's GIL-held time is its samples over the rate. The
-steady part of a run is isolated by difference: the same command runs twice, for
-``--gil-epochs`` A and B epochs (one pipeline and one start-up each), and
+py-spy samples only the thread holding the GIL (``py-spy record --gil``). The same command runs
+twice, for ``--gil-epochs`` A and B epochs, and the steady part is their difference:
 
     GIL ms per 1,000 images = (samples_B - samples_A) / rate / (images_B - images_A) * 1e6
 
-so start-up, the first batches' one-off costs (imports in a thread, compiled loops' first
-calls) and the end of the run cancel out. Threads are grouped as the loader's (by name prefix:
-the decode pool, SPDL's event loop and source thread, memmap's reading threads), the training
-loop's (``MainThread`` inside ``loaderbench.training.loops``'s loops) and the rest. docs/gil.md
-gives the method's limits.
+so start-up, the first batches' one-off costs and the end of the run cancel out. Threads are
+grouped as the loader's (by name prefix), the training loop's and the rest. docs/gil.md gives
+the method's limits.
 """
 
 from __future__ import annotations

@@ -1,17 +1,11 @@
 """The CPU an image that spdl's nvjpeg path spends outside the decoder, measured on the CPU.
 
-``python -m tools.bench.host_cost DIR [--images 768]`` prints CPU ms an image (one
-thread's CPU time, median of 5 rounds, batches of 256) of the parts a GPU does not change:
-
-* ``read``: the read stage, ``open_file`` an image (the bytes read, the admission rule, the
-  size from the header);
-* ``plans``: the batch's plans drawn and put into tensors (``Geometry.plans``, ``plan_table``);
-* ``finish batched`` / ``finish per image``: the finish of a decoded batch, by one batched
-  resize (``device_resize.resize_images``) or by a resize an image (``apply_plan``), on tiny
-  images so that what is left is Python and dispatch (a CUDA launch adds its own few us an
-  operator); with each one's operator count a batch.
-
-The decode call itself (nvImageCodec's CPU per image) is the GPU check's decoder table.
+``python -m tools.bench.host_cost DIR [--images 768]`` prints CPU ms an image (one thread,
+median of 5 rounds, batches of 256) of the parts a GPU does not change: ``read`` (``open_file``:
+bytes, admission, size), ``plans`` (the batch's plans as tensors) and ``finish batched`` /
+``finish per image`` (one batched resize or a resize an image, on tiny images so that what is
+left is Python and dispatch), with each one's operator count a batch. The decode call itself is
+the GPU check's decoder table.
 """
 
 from __future__ import annotations

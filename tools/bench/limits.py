@@ -1,34 +1,14 @@
-"""This machine's CPU decode limit: the yardstick for a loader's validation throughput.
+"""The limits a loader's rows are held to: what this machine's cores can make of the work.
 
-The limit is the number of usable cores times the single-core rate of the fastest CPU JPEG
-decode + resize available here, each candidate doing the whole val job for one image (read the
-file, decode, resize the short side, crop the centre) on one thread:
-
-* ``pil``: PIL (libjpeg-turbo inside) + torchvision's per-image val transform, what the
-  torchvision loader's workers do;
-* ``turbo``: libjpeg-turbo (``loaderbench.imaging.decode``'s CPU backend) + a uint8
-  antialiased resize (the spdl loader's default decoder);
-* ``ffmpeg``: FFmpeg through ``spdl.io`` with a filter graph (the spdl loader's ``ffmpeg``).
-
-A loader cannot beat cores x the best rate without a cheaper decode (for instance decoding
-at reduced scale), so ``loader images/s / limit`` says how much of the machine the loader turns
-into images; ``efficiency`` says the same per CPU second, which holds up better on a shared
-machine (other processes take wall time from both measurements unequally).
-
-The rates are measured over the images the loaders read, each pass over all of them: a few
-images decoded over and over stay in the CPU caches and overstate the rate (by ~20% here for
-200 images in three passes against one pass over 1000). Beside the limit, the best candidate
-also runs in a plain ``ThreadPoolExecutor`` of one thread per core over the same images: what
-a thread pipeline with no overhead at all reaches on this machine, where cores share caches,
-memory bandwidth and clock boost, so it is the yardstick for a pipeline's own overhead.
-
-The train pipelines have limits of their own, measured the same way (the same boxes and flips
-every loader draws, one thread x cores, and a plain pool): the region decode limit for those
-that decode their crops per epoch, and the crop-and-resize limit for memmap's raw store, which
-decodes nothing: its work per image is cutting the box from the stored row, resizing it and
-flipping it (``crop_limit.measure_crop_limit``, over rows decoded as the store keeps them).
-
-``python -m tools.bench.limit_report`` prints them (``limit_report``).
+The CPU decode limit is the usable cores times the single-core rate of the fastest CPU JPEG
+decode + resize here (``pil``, ``turbo``, ``ffmpeg``: each doing the whole val job for one image,
+as the loaders' decoders do): a loader cannot beat it without a cheaper decode, so ``loader
+images/s / limit`` says how much of the machine it turns into images, and ``efficiency`` the same
+per CPU second (steadier on a shared machine). Rates are taken over all the images the loaders
+read, one pass each, since a few images decoded over and over stay in the CPU caches. The best
+candidate also runs in a plain thread pool (the yardstick for a pipeline's own overhead), and
+the train pipelines get a region decode limit and the crop-and-resize limit (``crop_limit``).
+``python -m tools.bench.limit_report`` prints them.
 """
 
 from __future__ import annotations

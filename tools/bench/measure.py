@@ -1,29 +1,13 @@
 """``make bench``: measure the benchmark, on one data set, in one go, into ``bench/report.json``.
 
-It runs, one after another so nothing competes for the cores:
-
-1. the limits that give the numbers a meaning: this machine's CPU decode limit (cores x the
-   single-core rate of the fastest JPEG decode + resize, ``tools.bench.limits``), its
-   memory-copy bandwidth (what a reader of uint8 images from RAM cannot beat) and its
-   crop-and-resize limit (cores x the single-core rate of cutting, resizing and flipping the
-   train boxes from stored rows: what a reader of stored train rows cannot beat);
-2. the project's loaders with ``model=none`` (the loader benchmark), val and train pipelines,
-   over a worker sweep: real ``eval.py`` / ``train.py --multirun`` runs, so the numbers are the
-   ones users get; each row is held to the limit of the work its loader declares
-   (``work_bounds``);
-3. the peers (``tools.bench.peer_rows``): the classic torchvision float pipeline, the
-   tensordict tutorial's tensorclass loader, and where they are installed NVIDIA DALI and FFCV,
-   timed with the same meter on the same files.
-
-It writes ``bench/report.json`` (``tools.bench.schema``), then draws ``bench/report.md``
-and ``bench/report.png`` from it (``tools.bench.render``, which ``make report`` runs
-alone). ``--quick`` runs a small version (CI). Everything else the runs write (sweep folders,
-the memmap cache, the tutorial loader's files, the quick data set) goes to ``<out>/work``; only
-the full run's data set is shared, in ``data/``.
-
-A shared 2-core machine is noisy (the same run varies by 20-30% from one minute to the next), so
-every measurement, limits included, is the best of ``--repeats`` (2 by default): the sweeps run
-once per repeat, one after the other, and each row keeps the figures of its fastest run.
+One after another, so nothing competes for the cores: the limits that give the numbers a
+meaning (``limits``: CPU decode, memory copy, crop-and-resize), the project's loaders with
+``model=none`` over a worker sweep (real ``eval.py`` / ``train.py --multirun`` runs, each row
+held to the limit of the work its loader declares: ``work_bounds``), then the peers
+(``peer_rows``) timed with the same meter on the same files. It writes ``bench/report.json``
+(``schema``) and draws report.md and report.png from it (``render``). ``--quick`` is a small
+version (CI); the runs' files go to ``<out>/work`` (the full run's data set to ``data/``). A
+shared machine is noisy (docs/measurements.md), so every measurement is the best of ``--repeats``.
 """
 
 from __future__ import annotations
@@ -42,7 +26,8 @@ import torch
 
 from loaderbench.data.synthetic import SyntheticSpec, ensure_synthetic
 from loaderbench.loaders import file_loader_names, settings_class
-from loaderbench.measure.metrics import DECODED_BY, IMAGES_PER_S, report_columns
+from loaderbench.measure.metrics import DECODED_BY, IMAGES_PER_S
+from tools.bench.columns import COLUMNS
 from tools.bench.crop_limit import measure_crop_limit
 from tools.bench.limits import (
     DecodeLimit,
@@ -218,7 +203,7 @@ def loader_rows(task: str, runs: list[dict[str, str]], limits: Limits) -> list[R
                 pipeline=task,
                 name=run["loader"],
                 workers=int(run["num_workers"]),
-                **{m.key: number(run.get(m.key)) for m in report_columns()},
+                **{key: number(run.get(key)) for key in COLUMNS},
                 note=row_note(run),
                 kind="loader",
                 ceiling_frac_null_reason=run.get("ceiling_frac_null_reason") or None,

@@ -12,7 +12,8 @@ from typing import Any
 
 import torch
 
-from loaderbench.measure.metrics import CPU_S_PER_1K_IMAGES, IMAGES_PER_S, report_columns
+from loaderbench.measure.metrics import CPU_S_PER_1K_IMAGES, IMAGES_PER_S
+from tools.bench.columns import COLUMNS
 from tools.bench.ffcv import ffcv_runs, ffcv_unavailable
 from tools.bench.schema import (
     CLASSIC,
@@ -65,7 +66,7 @@ def _measure_once(loader: Any, epochs: int) -> dict[str, Any]:
 def measured_row(task: str, name: str, workers: int, result: dict[str, Any], **kwargs: Any) -> Row:
     """A row of a pipeline timed in this process (``kwargs``: its bounds and limit, a note);
     a pipeline timed alone has no model, so no ceiling (``ceiling_frac`` null)."""
-    figures = {metric.key: result.get(metric.key) for metric in report_columns()}
+    figures = {key: result.get(key) for key in COLUMNS}
     return Row(task, name, workers, **figures, **kwargs)
 
 

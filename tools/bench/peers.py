@@ -1,16 +1,12 @@
 """The peers the benchmark report compares against, rebuilt here so they run on the same data.
 
 * ``classic``: the classic torchvision pipeline, as the tensordict tutorial's "regular" loader
-  runs it: DataLoader workers decode with PIL, transform, convert to float and normalise each
-  image (float32 batches: four times the bytes of uint8 through the worker queues);
+  runs it: PIL, transforms and float normalisation per image in DataLoader workers;
 * ``tutorial_tensorclass``: the tutorial's tensorclass loader: images resized once into a
-  uint8 TensorClass (train squashed to a square, val resized and centre-cropped), then read by a
-  DataLoader one batch index at a time, normalised (and, for train, cropped at a fixed size
-  and flipped) in a CPU collate function. Its memory-mapped files go to the folder the caller
-  names (the report's work folder), nowhere else.
+  uint8 TensorClass in the folder the caller names, read one batch index at a time, normalised
+  (train: cropped at a fixed size and flipped) in a CPU collate function.
 
-Both yield (images, labels) on the CPU; the benchmark times them with the same LoopMeter as the
-project's loaders.
+Both yield (images, labels) on the CPU, timed with the project's LoopMeter.
 """
 
 from __future__ import annotations

@@ -1,28 +1,13 @@
 """Where a loader's hot path spends its time: a sampling profile of a ``model=none`` run.
 
-``python -m tools.bench.profile [--threads PREFIX] [--out DIR] -- OVERRIDES...`` (or
-``make profile ARGS='...'``) runs ``train.py model=none logger=none OVERRIDES`` (``--task val``:
-``eval.py``) under py-spy, which samples every thread's Python stack ``--rate`` times a second
-from outside the process (no instrumentation, so the run's speed is the run's), and writes:
-
-* ``DIR/profile.txt``: the samples as collapsed stacks (``thread;frame;frame count``), which
-  flame graph tools read (``speedscope``, ``flamegraph.pl``, ``py-spy``'s own ``--format``);
-* ``DIR/profile.md``: the loader threads' top entries, by self time (the frame sampled) and
-  by total time (the frame or anything it called), as a share of those threads' samples.
-
-The loader's threads are found by name: ``memmap-loader`` (memmap's reading threads) and
-``loaderbench_spdl_decode`` (the spdl loader's decoding pool); torchvision's workers are
-processes (``--subprocesses`` samples them; ``--threads MainThread`` then counts their main
-threads, the parent's too).
-Start-up (imports, a cache build) runs in the main thread, so the loader threads' samples are
-the hot path. ``--idle`` keeps the samples of threads waiting (for work, a lock, the GIL), to
-show how much of the time they wait; without it only running samples count. ``--native`` adds
-the C/C++ frames under each Python one (inside a TorchScript loop, which Python sees as one
-frame: the resize kernel, the flip).
-
-A first run (``bench.epochs=1``, not profiled; ``--no-warmup`` skips it) builds what the run
-needs once (a memmap cache) and warms the page cache. docs/benchmark.md ("Profiling a loader")
-says how to use it; docs/measurements.md shows memmap's profile before and after issue 32.
+``python -m tools.bench.profile [--threads PREFIX] [--out DIR] -- OVERRIDES...`` (``make profile
+ARGS='...'``) runs ``train.py model=none`` (``--task val``: ``eval.py``) under py-spy, which
+samples every thread's stack from outside (the run's speed is the run's), after a warm-up run
+that builds what the run needs (``--no-warmup`` skips it). It writes ``DIR/profile.txt``
+(collapsed stacks, for flame graph tools) and ``DIR/profile.md`` (the loader threads' top
+entries by self and total time; threads found by name, ``--subprocesses`` for torchvision's
+workers; ``--idle`` keeps waiting samples, ``--native`` adds C/C++ frames). docs/benchmark.md
+("Profiling a loader") says how to use it.
 """
 
 from __future__ import annotations

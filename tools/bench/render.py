@@ -12,9 +12,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from loaderbench.measure.metrics import report_cell, report_columns
 from loaderbench.platform.tables import markdown_table
 from tools.bench import render_cores
+from tools.bench.columns import COLUMNS, cell
 from tools.bench.render_stores import ffcv_store_lines, store_lines
 from tools.bench.render_stores import fmt as _fmt
 from tools.bench.render_stores import rate as _rate
@@ -262,9 +262,9 @@ def pipeline_lines(rows: list[Row]) -> list[str]:
 
 
 def pipeline_header() -> list[str]:
-    """The pipelines table's titles: the catalog's report columns (``report_columns``), the
-    rate's share of its limit and the ratios to the peers after the rate."""
-    rate, *costs = (metric.report_title or metric.key for metric in report_columns())
+    """The pipelines table's titles: the report's columns (``columns.COLUMNS``), the rate's
+    share of its limit and the ratios to the peers after the rate."""
+    rate, *costs = (column.title for column in COLUMNS.values())
     titles = ["pipeline", "loader", "workers", rate, "share of limit", "limit", "vs DALI"]
     return [*titles, "vs FFCV", *costs, "note"]
 
@@ -287,7 +287,7 @@ def pipeline_cells(row: Row, dali: Row | None = None, ffcv: Row | None = None) -
     """A row's cells in the pipelines table, under ``pipeline_header``."""
     vs_dali = f"{_rate(row) / _rate(dali):.2f}x" if dali and row.images_per_s else "-"
     vs_ffcv = f"{_rate(row) / _rate(ffcv):.2f}x" if ffcv and row.images_per_s else "-"
-    rate, *costs = (report_cell(m.key, getattr(row, m.key)) for m in report_columns())
+    rate, *costs = (cell(key, getattr(row, key)) for key in COLUMNS)
     share = f"{_fmt(row.share and 100 * row.share)}{'%' if row.share else ''}"
     cells = [row.pipeline, row.name, _fmt(row.workers), rate, share, row.limit_name or "-"]
     return [*cells, vs_dali, vs_ffcv, *costs, row.note]

@@ -23,9 +23,9 @@ from loaderbench.measure.metrics import (
     CPU_S_PER_1K_IMAGES,
     DATA_WAIT_FRAC,
     IMAGES_PER_S,
-    report_cell,
 )
 from loaderbench.platform.tables import markdown_table
+from tools.bench.columns import cell
 from tools.bench.schema import NODE_CORES, NODE_GPUS, GpuModelRate, Report, Row
 
 # NVIDIA DeepLearningExamples, ResNet50 v1.5 for PyTorch, "Training performance: NVIDIA DGX A100
@@ -186,7 +186,7 @@ def table_lines(fitted: list[CoresRow], gpus: int, cores: int) -> list[str]:
             row.pipeline,
             row.name,
             str(row.workers),
-            report_cell(CPU_S_PER_1K_IMAGES, row.cpu_s_per_1k_images),
+            cell(CPU_S_PER_1K_IMAGES, row.cpu_s_per_1k_images),
             f"{row.cores_per_gpu:,.2f}",
             f"{row.cores_needed:,.1f}",
             "yes" if row.fed else "no",

@@ -1,13 +1,10 @@
 """``make bench-scale``: start-up and memory on a tree the size of a real data set.
 
-On a generated 1000-class tree of 250,000 small real JPEGs (plus 10,000 val), cached once under
-``data/``, one after another: the first scan of the tree and the load of the dataset index it
-leaves; the memmap jpeg store's build rate; the second run's reopen of a built cache and its
-wait from process start to the first batch; and the memory of 8 DataLoader worker processes over
-one epoch, with the paths in the index's byte buffer against the same paths as a tuple of
-Python strings (what workers copy page by page as they touch them). The index load is timed
-with its per-file check (the default) and with folders only. Each figure is projected to
-ImageNet's 1,281,167 train files. Writes ``bench/scale.md`` and ``bench/scale.json``;
+On a generated 1000-class tree of small real JPEGs (cached under ``data/``): the first scan and
+the index load (with its per-file check and with folders only), the memmap jpeg store's build
+rate, a second run's reopen and wait for its first batch, and the memory of DataLoader workers
+over an epoch with the paths in the index's byte buffer against a tuple of Python strings; each
+figure projected to ImageNet's train set. Writes ``bench/scale.md`` and ``bench/scale.json``;
 ``--quick`` runs a small tree (the test).
 """
 

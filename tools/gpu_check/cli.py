@@ -1,20 +1,15 @@
 """The GPU check's helpers (``tools/gpu_check/gpu_check.sh``): the machine, the data, the decode
-phase, the report. Run from the repository root:
+phases, the report. Run from the repository root:
 
-``python -m tools.gpu_check env OUT.json [--quick]`` records the machine (``machine.py``).
+    python -m tools.gpu_check env OUT.json [--quick]       the machine (machine.py)
+    python -m tools.gpu_check data PARENT --classes N --train N --val N
+                                                           the synthetic set; prints its root
+    python -m tools.gpu_check decode ROOT --out JSON --device cuda    (decode_bench.py)
+    python -m tools.gpu_check sharing ROOT --out JSON --device cuda   (sharing.py)
+    python -m tools.gpu_check report --runs DIR --plan PLAN --phases PHASES ...   (report.py)
 
-``python -m tools.gpu_check data PARENT --classes N --train N --val N`` generates the synthetic
-set (ImageNet's image sizes) and prints its root.
-
-``python -m tools.gpu_check decode ROOT --out JSON --device cuda`` times batched JPEG decoding
-(``decode_bench.py``).
-
-``python -m tools.gpu_check sharing ROOT --out JSON --device cuda`` times the ways of driving the
-GPU's JPEG decoder (``sharing.py``).
-
-``python -m tools.gpu_check report --runs DIR --plan PLAN --phases PHASES ...`` writes the
-markdown report (``report.py``); the standard library and tabulate only (the kit's wheel itself
-where the kit did not install), so it is written even then.
+The report needs only the standard library and tabulate, so it is written even where the kit
+did not install.
 """
 
 from __future__ import annotations

@@ -1,18 +1,11 @@
 """The decoder table (``python -m tools.gpu_check decode ROOT --out JSON --device cuda``; the dry
 run: ``--device cpu`` or ``--dry-run``): the synthetic set's train JPEGs decoded in batches by
-
-* the loaders' choice (``loaderbench.imaging.decode.decode_batch``: nvImageCodec's engines in the
-order
-  measured for this machine, ``decoded_by`` counting which engine took each image);
-* each nvImageCodec engine alone (hardware JPEG engine, CUDA with GPU Huffman, CUDA with CPU
-  Huffman, libjpeg-turbo on the CPU threads), with and without fancy upsampling;
-* TorchCodec's and torchvision.io's batched decode;
-* the hardware engine and the CUDA decoder sharing each batch (``split``: DALI's
-  ``hw_decoder_load``), a fixed share and nvImageCodec's adaptive policy,
-
-whole images and each image's train crop box (only the box where the decoder can, else the
-whole image, then cut), in images/s, CPU ms per image and |difference| from Pillow's pixels.
-Rows are ``decode_rows``; the markdown section is ``tools.gpu_check.decode_table``.
+the loaders' choice (``decode.decode_batch``, with its ``decoded_by`` counts), each
+nvImageCodec engine alone (with and without fancy upsampling), TorchCodec's and
+torchvision.io's batched decode, and the hardware engine and the CUDA decoder sharing each batch
+(DALI's ``hw_decoder_load``; nvImageCodec's adaptive policy). Whole images and each train crop's
+box, in images/s, CPU ms per image and |difference| from Pillow's pixels. Rows are
+``decode_rows``; the markdown section is ``decode_table``.
 """
 
 from __future__ import annotations

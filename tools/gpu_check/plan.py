@@ -2,16 +2,11 @@
 phase and a multirun, in the order they run, each with its estimate on the GPU machine, summed
 against the budget, start-up apart from measuring.
 
-``gpu_check.sh`` walks its plan once without running anything (every phase and sweep it would
-start, with the sweep's overrides) and hands it here; the projection is printed before the
-first run, by the dry run too (whose own runs are CPU stand-ins: the projection is always the
-GPU plan's). No torch import: this runs in a fraction of a second.
-
-The estimates are the H200 check of 2026-12-04's figures (docs/measurements.md; the report's
-phase table gives each phase's real time): a multirun's process start ~7 s, a job's set-up
-(model, loader, cuDNN, its first batches) ~3 s, a memmap cache build ~6 s, torchvision's worker
-processes ~3 s a job; then the images a job reads at the rate its loader or its model allows,
-whichever is lower (``RATES``, ``CEILINGS``). resnet18's ceiling was not measured: assumed.
+``gpu_check.sh`` walks its plan once without running anything and hands it here, so the
+projection is printed before the first run, by the dry run too. No torch import: this runs in a
+fraction of a second. The estimates are the constants below, from the H200 check of 2026-12-04
+(docs/benchmark.md): start-up per multirun and job, cache builds, then each job's images at the
+lower of its loader's rate and its model's (``RATES``, ``CEILINGS``).
 """
 
 from __future__ import annotations

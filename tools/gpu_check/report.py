@@ -20,10 +20,14 @@ from typing import Any
 from loaderbench.measure.metrics import (
     BY_KEY,
     CEILING_FRAC,
+    CEILING_IMAGES_PER_S,
+    CPU_S_PER_1K_IMAGES,
     DATA_WAIT_FRAC,
+    GIL_FRAC,
     IMAGES_PER_S,
-    gpu_check_columns,
-    report_cell,
+    PEAK_RSS_MB,
+    SKIPPED_FILES,
+    TTFB_S,
 )
 from loaderbench.platform.tables import markdown_table
 from loaderbench.run.folders import read_jobs
@@ -33,13 +37,39 @@ from tools.gpu_check.markdown import fmt, short
 from tools.gpu_check.sharing import sharing_lines
 
 # The figures a row shows, from each job's metrics.json, in this order, by their names in the
-# metric catalog. ceiling_frac: the job's own (over its own resident pass, or its sweep's
-# resident job), else its images/s over this check's ``loader=resident`` rate with the same
-# model. cpu_s_per_1k_images is CPU ms per image.
-# skipped_files: a decoder that fails on every image (a library that loads but cannot decode
-# here) shows up there.
+# metric catalog: what ran, the rate and its share of the ceiling with what they rest on, then
+# the costs. ceiling_frac: the job's own (over its own resident pass, or its sweep's resident
+# job), else its images/s over this check's ``loader=resident`` rate with the same model.
+# cpu_s_per_1k_images is CPU ms per image. skipped_files: a decoder that fails on every image
+# (a library that loads but cannot decode here) shows up there.
 CEILING = CEILING_FRAC
-ROW_METRICS = tuple(gpu_check_columns())
+ROW_METRICS = (
+    "model",
+    IMAGES_PER_S,
+    CEILING,
+    CEILING_IMAGES_PER_S,
+    "steady_batches",
+    "steady_window_s",
+    "images_per_s_end_to_end",
+    DATA_WAIT_FRAC,
+    CPU_S_PER_1K_IMAGES,
+    GIL_FRAC,
+    TTFB_S,
+    PEAK_RSS_MB,
+    SKIPPED_FILES,
+)
+# The decimals of the figures shown as fixed-point numbers, thousands apart; the others as
+# they are (``markdown.fmt``).
+DECIMALS = {
+    IMAGES_PER_S: 1,
+    CEILING: 3,
+    CEILING_IMAGES_PER_S: 1,
+    DATA_WAIT_FRAC: 3,
+    CPU_S_PER_1K_IMAGES: 2,
+    GIL_FRAC: 3,
+    TTFB_S: 2,
+}
+assert set(DECIMALS) <= set(ROW_METRICS) <= set(BY_KEY), "a GPU check column not in the catalog"
 RESIDENT = "resident"  # the loader whose rate is the model's ceiling (its rows' ceiling is 1)
 # The overrides that tell the jobs of one sweep apart.
 VARIANT_KEYS = ("loader.store", "loader.val_store", "loader.decoder")
@@ -136,10 +166,9 @@ def _details(row: Row) -> str:
 
 
 def cell(key: str, value: Any) -> str:
-    """A metric's cell: its catalog format where it declares one for reports."""
-    metric = BY_KEY.get(key)
-    if metric is not None and metric.report_decimals is not None and isinstance(value, float):
-        return report_cell(key, value)
+    """A metric's cell: its decimals (``DECIMALS``) for a float, else as it is."""
+    if key in DECIMALS and isinstance(value, float):
+        return f"{value:,.{DECIMALS[key]}f}"
     return fmt(value)
 
 

@@ -1,14 +1,12 @@
 """How the GPU's JPEG decoder is best driven (``python -m tools.gpu_check sharing ROOT --out
-JSON``): one decoder behind a lock (the loaders' way today), a decoder per thread on a stream
-of its own, or one call a batch from one thread; at batches of 256 and 64.
+JSON``): one decoder behind a lock (the loaders' way), a decoder per thread on a stream of its
+own, or one call a batch from one thread; at batches of 256 and 64.
 
-Each mode decodes the check's train JPEGs (in memory: no file reads timed) with nvImageCodec's
-hardware-engine backend (``--backend hw``; ``hybrid``: nvJPEG's CUDA decoder with the CPU's
-Huffman decode), each decoder first warmed by a whole batch (under nvImageCodec's default
-FIXED load-hint policy the first call sizes the engine's share of every later one), then runs
-for ``--seconds``: images/s and CPU ms per image (the whole process, the library's own
-threads included). ``--device cpu`` (the dry run) runs the same modes with nvImageCodec's CPU
-decoder, for the code path only.
+Each mode decodes the check's train JPEGs from memory with nvImageCodec's hardware engine
+(``--backend hybrid``: the CUDA decoder, Huffman on the CPU), each decoder first warmed by a
+whole batch (the first call sizes the engine's share of later ones), for ``--seconds``:
+images/s and the process's CPU ms per image. ``--device cpu`` (the dry run) runs the same modes
+on the CPU decoder, for the code path only.
 """
 
 from __future__ import annotations

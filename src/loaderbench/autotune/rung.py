@@ -1,13 +1,9 @@
 """One rung of ``loader.num_workers=auto``'s probe: a worker count's loader built, run past
 its head start, measured over a window, closed; and that count's figures over the ranks.
 
-A rung's window opens only once the loader's head start is consumed: the workers' first round
-(it arrives together, after their start-up) and then every batch the loader could have had
-ready before the loop asked for it (the loader's own ``queue_depth()``, which the main loop's
-meter skips too). Batches decoded while the loop was busy
-elsewhere (the model's first, slower steps) and served from a full queue would otherwise count
-in the window at the loop's speed, not the workers', and a count with a deeper queue (more
-workers) would look faster than it is.
+The window opens only once the head start is consumed: batches made while the loop was busy
+elsewhere and served from a full queue would count at the loop's speed, not the workers', and a
+count with a deeper queue (more workers) would look faster than it is.
 """
 
 from __future__ import annotations
@@ -144,17 +140,12 @@ def measure_rung(
     """Build ``spec``'s loader, run the loop on it past its head start, measure a window,
     close it.
 
-    Not measured: the first ``workers + 1`` batches (worker start-up, the model's first steps:
-    the first round of the workers arrives together, so it is not the steady rate), then
-    ``loader.queue_depth()`` more (its head start). Whatever the loader held ready when its
-    first round was taken is among those (batches come in order), so every batch in the window
-    was made while the window was open or while the loop, at its steady pace, kept the queue as
-    full as it finds it at the end. The window then holds at least ``window.seconds`` and
-    ``window.batches_for(workers)`` batches, and ends on a whole round of the workers (its
-    batches a multiple of the count): each worker makes whole batches, and workers started
-    together keep delivering them in bursts of ``workers`` batches, so a window cut inside a
-    burst could be off by up to a burst; one of whole rounds is not, whatever the workers'
-    phases.
+    Not measured: the first ``workers + 1`` batches (worker start-up, the model's first
+    steps), then ``loader.queue_depth()`` more (its head start), so every batch in the window
+    was made while it was open. The window holds at least ``window.seconds`` and
+    ``window.batches_for(workers)`` batches and ends on a whole round of the workers: workers
+    started together deliver in bursts of ``workers`` batches, and a window cut inside a burst
+    could be off by up to one.
     """
     started = time.perf_counter()
     workers = spec.num_workers

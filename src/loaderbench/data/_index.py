@@ -1,19 +1,13 @@
 """The dataset index on disk: one scan of a data set, loaded by every rank and later run.
 
-Walking ImageNet's tree (1.28M files) and stat-ing every file costs seconds on a local disk
-and minutes on the network file systems clusters keep it on, times the ranks of a job. So the
-first process to get here scans, under a lock, and writes ``dataset-<key>.npz`` into
-``dataset.index_dir`` (next to the memmap caches): classes, paths relative to the root (one
-byte buffer), labels, sizes and modification times; the other ranks wait for it and load it,
-and so do later runs. A saved index is used only while its folders (or file lists, and the
-folders holding their images) keep the mtimes recorded: a file added, removed or renamed over
-rescans. A file rewritten in place changes no folder, so by default (``dataset.index_check=
-files``) every file's size and mtime is checked against the index too, by threads; the files
-found changed are named and their new stats saved, which changes the memmap caches' and the
-``auto`` choice's keys. In a job of several ranks the first checks (an index written or
-checked since a rank started is taken as its job's check). ``dataset.index_check=folders``
-skips the per-file check (slow per-file stats: docs/imagenet_and_slurm.md);
-``dataset.rescan=true`` scans anew.
+Walking and stat-ing ImageNet's tree costs seconds on a local disk and minutes on a cluster's
+network file system, times the ranks of a job; so the first process scans, under a lock, and
+writes ``dataset-<key>.npz`` into ``dataset.index_dir`` (classes, relative paths in one byte
+buffer, labels, sizes, mtimes), which the other ranks and later runs load. It is used only while
+its folders keep their recorded mtimes and, by default (``dataset.index_check=files``), every
+file its size and mtime, checked by threads: a file rewritten in place is named and its new
+stats saved, which changes the memmap caches' and the ``auto`` choice's keys.
+docs/imagenet_and_slurm.md ("The tree is scanned once") has ``folders`` and ``rescan``.
 """
 
 from __future__ import annotations
@@ -31,8 +25,8 @@ from pathlib import Path
 import numpy as np
 import psutil
 
-from loaderbench.platform.locking import FileLock, atomic_write
 from loaderbench.data.splits import DatasetIndex, PathTable, Scanned, Split, stat_files
+from loaderbench.platform.locking import FileLock, atomic_write
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """A data set in memory: its splits' file tables, labels and file stats.
 
-What discovery (``loaderbench.data.discovery``) makes and the index on disk (``loaderbench.data._index``)
-saves and loads; it depends on neither of them.
+What discovery (``loaderbench.data.discovery``) makes and the index on disk
+(``loaderbench.data._index``) saves and loads; it depends on neither of them.
 """
 
 from __future__ import annotations
@@ -169,7 +169,6 @@ class Split:
         digest.update(np.asarray(self.labels, dtype=np.int64).tobytes())
         digest.update(sizes.astype(np.int64).tobytes() + mtimes.astype(np.int64).tobytes())
         return digest.hexdigest()[:16]
-
 
 
 @dataclass(frozen=True)

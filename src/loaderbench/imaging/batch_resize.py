@@ -1,23 +1,13 @@
 """A batch of boxes resized (and flipped) on the CPU in one call that holds no GIL.
 
-The reading threads of the memmap loader resize each image's train box into its slot of the
-batch: a uint8 antialiased resize of ~100 us at 224 px, and around it, in Python, the box's view,
-the flip and the call, a few microseconds an image, with the GIL held. Two threads on two cores
-then spend a fifth of their time waiting for each other's Python (docs/measurements.md,
-"memmap: the crop path"). So the whole batch's loop runs in TorchScript, whose interpreter
-releases the GIL for the call: one Python call a batch, and the per-image steps (the view,
-the flip, the resize into the slot) as ATen calls from C++.
-
-TorchScript is deprecated (torch 2.14 warns at ``torch.jit.script``) but still the one way
-torch runs a loop of ATen calls without the GIL. Where it cannot compile (a torch without it,
-sources not available), the same loop runs in Python (``scripted=False``), with the same
-pixels: the tests compare the two to the bit.
-
-The flip is the box's one copy: torch's uint8 kernel copies a box that is not contiguous
-channels-last before it resizes (resizing a view costs what copying it first and resizing the
-copy does), so a mirrored box costs the difference between the flip kernel and that copy, and
-is resized with no copy more; the filter's taps are symmetric, so a mirrored box resizes to
-the mirrored output, to the bit.
+memmap's reading threads resize each train box into its slot of the batch. Image by image, the
+Python around each resize (the box's view, the flip, the call) holds the GIL and the threads
+wait for each other's; so the batch's loop runs in TorchScript, whose interpreter releases the
+GIL for the call (deprecated, but still torch's one way to run a loop of ATen calls without the
+GIL). Where it cannot compile, the same loop runs in Python (``scripted=False``), with the same
+pixels to the bit. The flip is the box's one copy: torch's uint8 kernel copies a box that is
+not contiguous channels-last before it resizes anyway, and its symmetric taps resize a mirrored
+box to the mirrored output. docs/measurements.md ("memmap: the crop path") has the figures.
 """
 
 from __future__ import annotations
@@ -113,8 +103,8 @@ def _loop(name: str, scripted: bool | None) -> Any:
 
 def warm_up() -> None:
     """Compile the loops and run each a few times on a tiny batch: TorchScript compiles at the
-    first call and optimises over the next ones (0.5 s, then 17 ms, then 0.3 ms here), which a
-    loader pays when it is built rather than in its first batch (``ttfb_s``)."""
+    first call and optimises over the next ones, which a loader pays when it is built rather
+    than in its first batch (``ttfb_s``)."""
     rows = torch.zeros((1, 4, 4, 3), dtype=torch.uint8)
     out = torch.empty((1, 2, 2, 3), dtype=torch.uint8).permute(0, 3, 1, 2)
     box, flip = torch.tensor([[0, 0, 4, 4]]), torch.tensor([True])

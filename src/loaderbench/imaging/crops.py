@@ -1,20 +1,11 @@
 """Every loader's train crops: a random-resized crop box and a flip per (seed, epoch, image).
 
-The draws come from a counter-based generator: draw ``j`` of image ``i`` in epoch ``e`` of a run
-seeded ``s`` is a keyed hash of the counter ``(i, j)`` under the key ``(s, e)``, so an image gets
-the same box and flip whichever loader, process, thread, rank or batch prepares it, and a whole
-batch's draws are one vectorised numpy computation (no generator seeded per image, no Python
-per image). No loader touches the global RNG, which dropout, the optimizer and checkpoints use.
-
-The hash is SplitMix64 (Steele, Lea and Flood, "Fast splittable pseudorandom number
-generators", 2014; the output function passes BigCrush): the key is the mix of the seed and
-the epoch, and value ``c`` of a key is ``mix64(key + (c + 1) * golden)``, SplitMix64's own
-sequence from the key, read at position ``c`` without stepping through the ones before it.
-
-``CROP_STREAM`` names the stream. Stream 1 (before) seeded a ``torch.Generator`` per image;
-stream 2 (this one) gives other boxes for the same (seed, epoch, image), from the same
-distribution (docs/loaders.md, "The crop stream"): a run resumed across the change continues
-with stream 2's crops.
+The draws are counter-based: draw ``j`` of image ``i`` is SplitMix64's sequence from the key
+(seed, epoch), read at position ``(i, j)`` without stepping through the ones before it (Steele,
+Lea and Flood, "Fast splittable pseudorandom number generators", 2014). So an image gets the
+same box and flip whichever loader, process, thread, rank or batch prepares it, a batch's draws
+are one vectorised numpy computation, and no loader touches the global RNG. ``CROP_STREAM``
+names this stream in every run's metrics (docs/loaders.md, "The crop stream").
 """
 
 from __future__ import annotations
@@ -83,10 +74,10 @@ def random_crops(
     ``scale``, log-aspect uniform in ``ratio``, up to ten tries, then the central crop clamped
     to ``ratio``) and ``RandomHorizontalFlip``.
 
-    In numpy float64 (a batch's ~40 small ops cost a tenth of torch's dispatch, ~8 us an image
-    at batch 32): every op is IEEE-exact and rounds half to even in both libraries, so the boxes
-    are torch's to the bit. Only ``exp`` is not exact; it stays torch's own kernel, on the same
-    contiguous (N, attempts) block as ever.
+    In numpy float64 (a batch's ~40 small ops cost less there than torch's dispatch): every op
+    is IEEE-exact and rounds half to even in both libraries, so the boxes are torch's to the
+    bit. Only ``exp`` is not exact; it stays torch's own kernel, on the same contiguous (N,
+    attempts) block as ever.
     """
     # (h, w) side by side: each step below is one op for both sides.
     sizes = np.stack([np.asarray(heights, np.float64), np.asarray(widths, np.float64)], axis=1)

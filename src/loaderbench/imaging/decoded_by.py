@@ -1,21 +1,13 @@
 """What decoded every image: a count per library, kept by each loader per batch.
 
-Each decode path names the library that produced an image's pixels (``note``) as it returns
-them: ``nvimgcodec:<engine>``, ``torchcodec``, ``torchvision``, ``ffmpeg``, or ``pil`` (Pillow:
-the reference, and every fast decoder's fallback). nvImageCodec's keys name its engine too, so
-a reader can tell where the Huffman decode ran: ``nvimgcodec:hardware`` (the GPU's JPEG engine),
-``nvimgcodec:cuda`` (nvJPEG's CUDA decoder, Huffman on the GPU), ``nvimgcodec:hybrid`` (the CUDA
-decoder with the Huffman decode on the CPU) and ``nvimgcodec:cpu`` (libjpeg-turbo).
-
-A loader opens a ``counting`` scope around a batch's decoding, in whichever thread or worker
-process decodes it, and hands the batch's counts on with the batch, so the consumer adds them
-up with no lock per image and a count never outlives the batch it describes (a batch decoded
-ahead and never delivered is not counted). Outside a scope ``note`` does nothing: the backend
-probe's tiny JPEG, the benchmarks' own decodes.
-
-metrics.json keeps the totals as ``loader_<split>_decoded_by``; ``fallback_warning`` says when
-more than ``FALLBACK_WARN_SHARE`` of the images were decoded by another library than the
-loader's own (its ``jpeg_backend``).
+Each decode path names the library that produced an image's pixels (``note``):
+``nvimgcodec:<engine>`` (``hardware``, ``cuda``, ``hybrid``, ``cpu``: where the Huffman decode
+ran), ``torchcodec``, ``torchvision``, ``ffmpeg`` or ``pil`` (the reference, and every fast
+decoder's fallback). A loader opens a ``counting`` scope around a batch's decoding, in whichever
+thread or process decodes it, and hands the counts on with the batch: no lock per image, and a
+batch never delivered is not counted. metrics.json keeps the totals
+(``loader_<split>_decoded_by``); ``fallback_warning`` says when more than
+``FALLBACK_WARN_SHARE`` of the images were decoded by another library than the loader's own.
 """
 
 from __future__ import annotations

@@ -1,23 +1,13 @@
 """A batch of boxes resized on any device in a few kernels, with the CPU path's pixels.
 
-The CPU loaders resize with torch's uint8 antialiased bilinear kernel (PIL's triangle filter:
-``transforms.resize_uint8`` and ``batch_resize``). Its result is separable: a horizontal pass,
-rounded to uint8, then a vertical one, each output pixel a normalised weighted sum of the
-pixels its filter covers inside the box (the box's edge repeated, never its neighbours). Here
-the same weights are built for the whole batch at once, as matrices (image, output pixel,
-stored pixel) that are zero outside each image's box, and each pass is one batched matmul:
-
-    horizontal = round(rows @ Wx^T)      (n, C, H, S)
-    vertical   = round(Wy @ horizontal)  (n, C, S, S)
-
-So a batch costs the same handful of kernels whatever its boxes, and the pixels are the CPU
-kernel's but for its 16-bit fixed-point weights (tests/test_device_resize.py measures how far
-apart on textured images). A flip is the horizontal matrix's rows reversed, which is free. The
-weights are made on the batch's device from a few numbers an image (one copy to the device).
-
-``resize_boxes`` takes images of one stored size (memmap's raw rows); ``resize_images`` takes
-images of any sizes (decoded JPEG boxes), padded into chunks of similar sizes first.
-Runs on CPU tensors too, where the tests hold it to the CPU kernel.
+torch's uint8 antialiased bilinear kernel (the CPU path: ``transforms.resize_uint8``,
+``batch_resize``) is separable: a horizontal pass rounded to uint8, then a vertical one, each
+output pixel a normalised weighted sum of the box's pixels. Here those weights are built for the
+whole batch at once, as matrices zero outside each image's box, and each pass is one batched
+matmul (a flip is the horizontal matrix's rows reversed): the same handful of kernels whatever
+the boxes, and the CPU kernel's pixels but for its fixed-point weights
+(tests/test_device_resize.py). ``resize_boxes`` takes images of one stored size (memmap's raw
+rows), ``resize_images`` images of any sizes (decoded JPEG boxes, padded into chunks).
 """
 
 from __future__ import annotations

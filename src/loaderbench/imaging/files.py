@@ -2,26 +2,18 @@
 
 Every decode path goes through here before it spends memory on pixels:
 
-* **Size limit** (``dataset.max_image_pixels``, default 178,956,970: PIL's own bomb threshold):
-  the header is read first, and an image with more pixels is refused with ``ImageTooLarge``
-  naming the file and its size, so a 60000 x 60000 "JPEG" of a few kilobytes cannot allocate
-  10 GB in a worker; PIL's own check, at the same limit, refuses an image found inside the
-  file (an ICNS or ICO holding a PNG), also as ``ImageTooLarge``. The loaders treat it as any
-  unreadable file (``dataset.on_error``).
+* **Size limit** (``dataset.max_image_pixels``, PIL's own bomb threshold by default): the
+  header is read first and a larger image refused with ``ImageTooLarge`` naming the file, so a
+  tiny file claiming 60000 x 60000 pixels cannot allocate gigabytes in a worker;
 * **Admission** (``fast_jpeg``): from a file's bytes, whether a fast JPEG decoder may take it;
-  every other file is Pillow's to read or refuse, in every loader.
-* **Colour modes**: grayscale, CMYK, palette and RGBA become RGB (alpha dropped, as PIL's
-  ``convert`` does); 16-bit and 32-bit integer images (16-bit PNGs, I;16 TIFFs) are scaled to
-  8 bits by their high byte rather than clipped at 255 (PIL's ``convert`` would turn a 16-bit
-  photo white).
-* **Orientation**: EXIF orientation tags are *not* applied, in every loader. That is what
-  torchvision's ImageFolder, timm's loaders and libjpeg-turbo through ``torchvision.io`` do, so
-  models trained here see the pixels that published ImageNet models were trained and evaluated
-  on; FFmpeg and nvJPEG do not apply it either. A folder of phone photos stored sideways should
-  be rotated on disk once (``exiftran -ai``, ``mogrify -auto-orient``).
+  every other file is Pillow's to read or refuse, in every loader;
+* **Colour modes**: everything becomes 8-bit RGB; 16- and 32-bit images by their high byte
+  (PIL's ``convert`` would turn a 16-bit photo white);
+* **Orientation**: EXIF orientation is *not* applied, as in torchvision's ImageFolder, timm and
+  ``torchvision.io``, so models see the pixels published ImageNet models were trained on
+  (rotate phone photos on disk once: ``exiftran -ai``).
 
-``set_max_pixels`` sets the limit for the process (the run does it from the config, before any
-worker process is forked, so workers inherit it).
+``set_max_pixels`` sets the limit for the process, before any worker is forked.
 """
 
 from __future__ import annotations
@@ -271,7 +263,7 @@ def fast_decodable(header: JpegHeader | None) -> bool:
     Not without a frame header or a size (a height defined later, DNL), nor with an EXIF
     orientation (TorchCodec would apply it; no loader does), nor with 4 components: Adobe CMYK
     and YCCK, whose conversion to RGB is Pillow's own (FFmpeg hands YCCK's channels back
-    unconverted, with no error: 86 grey levels off; nvImageCodec's YCCK is a level off).
+    unconverted, with no error; nvImageCodec's differs slightly).
     """
     return (
         header is not None
@@ -290,19 +282,16 @@ JPEG_HEADER_SCAN = 256 * 1024
 
 def fast_jpeg(data: bytes | memoryview | np.ndarray) -> JpegHeader | None:
     """The one admission rule of every decode path, from a file's whole bytes (its signature,
-    never its name): the header of a JPEG that a fast decoder (libjpeg-turbo through any
-    backend, FFmpeg, nvJPEG, nvImageCodec) may take, else None, and PIL (``load_rgb``) reads
-    the file or refuses it, as it does every file in the torchvision loader and the memmap
-    builds. So Pillow, the reference, decides what is an image: the rest of a fast decoder's
-    formats never reach one (FFmpeg reads a PDF, a tar holding a JPEG or a cut PCX that Pillow
-    refuses, and refuses a TIFF that Pillow reads).
+    never its name): the header of a JPEG that a fast decoder may take, else None, and PIL
+    (``load_rgb``) reads or refuses the file, as it does every file in the torchvision loader.
+    So Pillow, the reference, decides what is an image (FFmpeg would read a PDF or a cut PCX
+    that Pillow refuses).
 
-    A fast decoder takes a file that starts as a JPEG, whose frame header gives its size
-    (``jpeg_header``), that ``fast_decodable`` lets through (no 4-component or EXIF-oriented
-    JPEG), whose segments follow one another with no stray bytes up to its first scan
-    (``headers_contiguous``: nvJPEG reads such a file's pixels otherwise than libjpeg) and that
-    ends with its end-of-image marker (``jpeg_ends``: Pillow refuses a cut one, FFmpeg does
-    not)."""
+    A fast decoder takes a file that starts as a JPEG whose frame header gives its size
+    (``jpeg_header``), that ``fast_decodable`` lets through, whose segments follow one another
+    with no stray bytes up to its first scan (``headers_contiguous``: nvJPEG reads such a
+    file's pixels otherwise than libjpeg) and that ends with its end-of-image marker
+    (``jpeg_ends``: Pillow refuses a cut one, FFmpeg does not)."""
     view = memoryview(data).cast("B")
     if bytes(view[:3]) != JPEG_MAGIC:
         return None

@@ -1,30 +1,16 @@
 """The crop plan: one plan per image (box, resize, crop, flip), executed by each decoder its
 own way; the same for every decoder and equal to the torchvision reference.
 
-* val: resize the short side to ``val_resize_size(size)`` keeping the aspect ratio (the
-  rounding of torchvision's ``Resize``), then crop the centre ``size`` x ``size``. SPDL's
-  default ``scale_mode="pad"`` letterboxes instead, which is a different image. Where the
-  JPEG backend decodes regions (``turbo`` and ``nvjpeg`` with nvImageCodec), the centre crop
-  is taken as a region of the original instead (``val_region_plan``), decoded alone and
-  resized once, which costs less than decoding and resizing the whole image. Its edges are
-  rounded to whole source pixels, so the crop sits up to half a source pixel off the
-  reference's; the top-1 it gives stays inside the loaders' half-point parity
-  (docs/decoding.md gives both measurements). FFmpeg decodes whole and keeps the reference's
-  plan.
-* train: the random-resized crop is done per image, in the decode stage: the box is drawn by
-  ``seeded_crops`` (every loader's) from the image's true size (the header's), decoded alone
-  from the file where the backend decodes regions (libjpeg-turbo skips the rows above and
-  below it and the IDCT of the columns beside it: the same pixels as a whole decode cut to the
-  box, tests/test_decode.py; ``split_region``) and resized once to ``size`` x ``size`` (then
-  flipped with probability 1/2). Chosen over a
-  fixed-size decode followed by a batched crop (memmap's way) because the image is decoded
-  in that stage anyway, so the crop costs nothing extra and the resize shrinks only the box,
-  not the whole image: one resize instead of two, no float round trip, and a small box is
-  taken from full-resolution pixels (as torchvision's RandomResizedCrop does) rather than
-  upsampled from an already shrunken image. The sizes come from the JPEG headers before any
-  decoding, so a batch's boxes and flips are computed in one call, each image's from (seed,
-  epoch, index) alone (``crops``): reproducible whatever the thread timing, and the
-  same boxes as the other loaders draw for the same image.
+* val: resize the short side to ``val_resize_size(size)`` (torchvision's ``Resize`` rounding;
+  not SPDL's default letterbox), then crop the centre ``size`` x ``size``. Where the backend
+  decodes regions, the centre crop is a region of the original, decoded alone and resized once
+  (``val_region_plan``), up to half a source pixel off the reference's (docs/decoding.md, "The
+  spdl decoders", says why that is kept); FFmpeg decodes whole and keeps the reference's plan.
+* train: the random-resized box (``seeded_crops``, from the header's true size) decoded alone
+  where the backend decodes regions (``split_region``), resized once and flipped: cheaper than
+  memmap's fixed-size decode then batched crop, since the image is decoded in this stage anyway
+  and only the box is resized, from full-resolution pixels, as torchvision's
+  RandomResizedCrop does.
 """
 
 from __future__ import annotations

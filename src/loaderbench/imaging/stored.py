@@ -36,9 +36,8 @@ def decode_fit(path: str, long_side: int) -> torch.Tensor:
     Read by ``files.read_rgb``, the torchvision loader's own ``load_rgb`` (the same files
     admitted and refused) but for a JPEG's decode at the smallest of 1/1, 1/2, 1/4, 1/8 scale
     that is still at least the target size (the DCT does the power-of-two part), then resized
-    with an antialiased bilinear filter: torch's uint8 kernel, which computes PIL's BILINEAR
-    resize (to within a grey level) in half the time; with it the build keeps pace with the
-    torchvision loader's decoding.
+    with torch's uint8 antialiased bilinear kernel, which computes PIL's BILINEAR resize faster,
+    so that the build keeps pace with the torchvision loader's decoding.
     """
     image, target = read_rgb(path, functools.partial(fit_size, long_side=long_side))
     pixels = torch.from_numpy(np.array(image))  # np.array: writable

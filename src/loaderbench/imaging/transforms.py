@@ -124,8 +124,8 @@ def _box_view(
 ) -> torch.Tensor:
     """The box ``(top, left, h, w)`` of the image at ``offset`` in ``base``'s storage, whose
     channel, row and column strides are ``strides``, as a (1, C, h, w) view: one ``as_strided``
-    call (indexing + permute + unsqueeze cost 4x its dispatch). The batch stride spans the box,
-    so that a channels-last image's box reads as channels-last to the kernel."""
+    call (cheaper than indexing, permute and unsqueeze). The batch stride spans the box, so
+    that a channels-last image's box reads as channels-last to the kernel."""
     top, left, h, w = box
     channel, y, x = strides
     extent = max(channel * channels, y * h, x * w)
@@ -182,7 +182,7 @@ def resized_crop_images(
 ) -> torch.Tensor:
     """Cut a box ``(top, left, h, w)`` from each uint8 CHW image (any sizes, CPU or GPU),
     resize it to ``size`` x ``size`` and flip it where ``flips`` says: into ``out`` (N, C, size,
-    size), by default channels-last on the CPU (writing NCHW-contiguous costs ~40% more there).
+    size), by default channels-last on the CPU (writing NCHW-contiguous costs more there).
 
     One box at a time, so the memory beyond ``out`` is bounded by one box and one output image
     (in float off the CPU), whatever the batch size (the CUDA loaders resize a batch at once

@@ -1,16 +1,11 @@
 """Loaders by name: one sub-package of ``loaderbench.loaders`` per loader.
 
-A loader is a folder here holding ``settings.py`` (its typed keys, a ``Settings`` subclass of
-``LoaderSettings``) and ``loader.py`` (the ``Loader`` subclass, registered with
-``@register_loader``), plus whatever only it uses; ``conf/loader/<name>.yaml`` selects it.
-Loader modules are imported on first use, so that, say, SPDL's native libraries load only when
-``loader=spdl``.
-
-A loader kept outside this tree (one's own, a test's) lives in a folder named by
-``LOADERBENCH_LOADER_PATH`` (folders separated by ``os.pathsep``), laid out as here
-(``<folder>/<name>/settings.py`` and ``loader.py``) and imported as ``loaderbench.loaders.<name>``;
-its YAML, ``<conf>/loader/<name>.yaml``, is found through Hydra's own search path:
-``hydra.searchpath=[file://<conf>]`` on the command line.
+A loader is a folder here holding ``settings.py`` (its typed keys, a ``LoaderSettings``
+subclass) and ``loader.py`` (the ``Loader``, registered with ``@register_loader``);
+``conf/loader/<name>.yaml`` selects it. Loader modules are imported on first use, so SPDL's
+native libraries load only when ``loader=spdl``. A loader kept elsewhere lives in a folder
+named by ``LOADERBENCH_LOADER_PATH``, laid out as here, its YAML found through
+``hydra.searchpath`` (docs/loaders.md, "Adding a loader").
 """
 
 from __future__ import annotations

@@ -1,21 +1,12 @@
 """The GIL-held share of wall time, estimated in-process: metrics.json's ``gil_frac``.
 
-A probe thread sleeps for exponentially distributed times (Poisson instants) and, on waking,
-measures how late it got back into Python. ``time.sleep`` releases the GIL; the thread must
-take it again to run on, so where another thread holds it at the instant of waking the probe
-waits. By PASTA (Poisson arrivals see time averages) the share of probes that wait longer than
-``threshold_s`` estimates the share of time the GIL is held: 1 probe in 2 kept waiting says
-the GIL was held half the time. It costs a GIL hand-off a probe (~500 a second: well under
-1% of a core) and needs nothing outside the process, so every run has it; ``make profile
-ARGS='--gil ...'`` (py-spy, from outside) is the finer measure. Its limits (docs/gil.md):
-
-* a hold shorter than the threshold left at the probe's instant goes unseen (a slight
-  under-estimate where the GIL changes hands every few microseconds);
-* a probe woken late for want of a CPU (more runnable threads than cores) is told apart by the
-  kernel's count of the thread's time on the run queue (``/proc/thread-self/schedstat``),
-  subtracted from its lateness; without that file (not Linux) such waits count as held;
-* the GIL held by a thread the OS has pre-empted counts as held (it is: no other thread runs);
-* the probe's own turns add a little GIL traffic.
+A probe thread sleeps until Poisson instants and measures how late it got back into Python:
+``time.sleep`` releases the GIL, so where another thread holds it at the instant of waking the
+probe waits. By PASTA (Poisson arrivals see time averages) the share of probes that wait longer
+than ``threshold_s`` estimates the share of time the GIL is held; lateness for want of a CPU is
+subtracted (the kernel's run-queue time, ``/proc/thread-self/schedstat``). Cheap and inside the
+process, so every run has it; ``make profile ARGS='--gil ...'`` (py-spy) is the finer measure.
+docs/gil.md has its limits and its checks against known shares and py-spy.
 """
 
 from __future__ import annotations

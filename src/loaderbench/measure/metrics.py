@@ -28,6 +28,8 @@ CEILING_IMAGES_PER_S = "ceiling_images_per_s"
 NULL_REASON = "images_per_s_null_reason"
 SPREAD = "images_per_s_spread"
 SLOWEST_RANK_WAIT = "slowest_rank_data_wait_frac"
+TTFB_S = "ttfb_s"
+GIL_FRAC = "gil_frac"
 
 OverRanks = Literal["sum", "max", "mean", "derived", "same"]
 
@@ -55,13 +57,8 @@ class Metric:
     digits: int | None = 4
     derive: Callable[[Mapping[str, Any]], Any] | None = None
     per_rank: bool = False  # also kept by rank, as ``rank_<key>`` (data-parallel runs)
-    report_decimals: int | None = None  # decimals in the benchmark report's tables
-    # A column of the benchmark report's pipeline table (``report_columns``), with this title.
-    report_title: str | None = None
     # Drawn per epoch in W&B, as ``epoch/<key>`` (train.py's epoch rows: ``epoch_curves``).
     epoch_curve: bool = False
-    # A column of the GPU check's job tables (``gpu_check_columns``).
-    gpu_check: bool = False
 
 
 def _per_1k(metrics: Mapping[str, Any]) -> float | None:
@@ -86,7 +83,6 @@ METRICS: tuple[Metric, ...] = (
         "the model's name (none: the loader alone)",
         summary=True,
         digits=None,
-        gpu_check=True,
     ),
     Metric("device", "the device the batches land on", summary=True, digits=None),
     Metric("batch_size", "images a batch, per rank", summary=True, digits=None),
@@ -101,10 +97,7 @@ METRICS: tuple[Metric, ...] = (
         chart="images/s",
         epoch_summary="mean,last",
         per_rank=True,
-        report_decimals=1,
-        report_title="images/s",
         epoch_curve=True,
-        gpu_check=True,
     ),
     Metric(
         "images_per_s_end_to_end",
@@ -113,7 +106,6 @@ METRICS: tuple[Metric, ...] = (
         summary=True,
         epoch_summary="mean,last",
         epoch_curve=True,
-        gpu_check=True,
     ),
     Metric(
         "images_per_s_null_reason",
@@ -125,9 +117,8 @@ METRICS: tuple[Metric, ...] = (
         "steady_batches",
         "batches images_per_s counts (0: none; rank 0's)",
         summary=True,
-        gpu_check=True,
     ),
-    Metric("steady_window_s", "seconds of that window (rank 0's)", summary=True, gpu_check=True),
+    Metric("steady_window_s", "seconds of that window (rank 0's)", summary=True),
     Metric(
         "images_per_s_spread",
         "the window's rate's own noise (docs/metrics.md)",
@@ -142,8 +133,6 @@ METRICS: tuple[Metric, ...] = (
         "device: the model's own rate (the job's resident pass, or the sweep's resident job)",
         "sum",
         summary=True,
-        report_decimals=1,
-        gpu_check=True,
     ),
     Metric(
         "ceiling_frac",
@@ -152,9 +141,6 @@ METRICS: tuple[Metric, ...] = (
         "derived",
         summary=True,
         derive=_ceiling_frac,
-        report_decimals=3,
-        report_title="ceiling_frac",
-        gpu_check=True,
     ),
     Metric("ceiling_frac_null_reason", "why ceiling_frac is null", summary=True, digits=None),
     Metric(
@@ -169,9 +155,6 @@ METRICS: tuple[Metric, ...] = (
         "seconds from the loop's start to the first batch",
         "max",
         summary=True,
-        report_decimals=2,
-        report_title="ttfb s",
-        gpu_check=True,
     ),
     Metric(
         "startup_s",
@@ -185,10 +168,7 @@ METRICS: tuple[Metric, ...] = (
         summary=True,
         chart="data wait (share of the loop)",
         per_rank=True,
-        report_decimals=3,
-        report_title="data wait",
         epoch_curve=True,
-        gpu_check=True,
     ),
     Metric(
         SLOWEST_RANK_WAIT,
@@ -200,8 +180,6 @@ METRICS: tuple[Metric, ...] = (
         "share of the steady loop's wall time the GIL was held (an in-process probe; docs/gil.md)",
         "mean",
         summary=True,
-        report_decimals=3,
-        gpu_check=True,
     ),
     Metric("loop_s", "the main loop's wall seconds (mean over ranks)", "mean"),
     Metric("cpu_s", "CPU seconds of the process trees in the loop", "sum"),
@@ -213,9 +191,6 @@ METRICS: tuple[Metric, ...] = (
         chart="CPU s per 1000 images",
         derive=_per_1k,
         per_rank=True,
-        report_decimals=2,
-        report_title="CPU s / 1k images",
-        gpu_check=True,
     ),
     Metric(
         "slowest_rank",
@@ -231,7 +206,6 @@ METRICS: tuple[Metric, ...] = (
         "sum",
         summary=True,
         per_rank=True,
-        gpu_check=True,
     ),
     # Each rank's own only (``rank_cpus``): what its loader could use, beside its data wait.
     Metric("cpus", "the CPUs a rank may use (runtime.cpus_allowed)", digits=None, per_rank=True),
@@ -241,9 +215,6 @@ METRICS: tuple[Metric, ...] = (
         summary=True,
         digits=None,
         per_rank=True,
-        # A decoder that fails on every image (a library that loads but cannot decode
-        # there) shows up in the GPU check here.
-        gpu_check=True,
     ),
     Metric(
         "dataset_index_check",
@@ -282,38 +253,6 @@ BY_KEY: dict[str, Metric] = {metric.key: metric for metric in METRICS}
 def summary_keys() -> list[str]:
     """The sweep summary's metric columns, in declaration order."""
     return [metric.key for metric in METRICS if metric.summary]
-
-
-def report_columns() -> list[Metric]:
-    """The benchmark report's figures of a pipeline, in the order of its table: the rate
-    first (the columns computed from it follow it there), then the costs."""
-    order = ("images_per_s", "cpu_s_per_1k_images", "data_wait_frac", "ttfb_s", "ceiling_frac")
-    columns = [BY_KEY[key] for key in order]
-    assert {m.key for m in METRICS if m.report_title} == set(order), "a report column unplaced"
-    return columns
-
-
-def gpu_check_columns() -> list[str]:
-    """The figures a row of the GPU check's job tables shows (from each job's
-    metrics.json), in the order of its columns: what ran, the rate and its share of the
-    ceiling with what they rest on, then the costs."""
-    order = (
-        "model",
-        "images_per_s",
-        "ceiling_frac",
-        "ceiling_images_per_s",
-        "steady_batches",
-        "steady_window_s",
-        "images_per_s_end_to_end",
-        "data_wait_frac",
-        "cpu_s_per_1k_images",
-        "gil_frac",
-        "ttfb_s",
-        "peak_rss_mb",
-        "skipped_files",
-    )
-    assert {m.key for m in METRICS if m.gpu_check} == set(order), "a GPU check column unplaced"
-    return list(order)
 
 
 def epoch_curves(rates: Mapping[str, Any]) -> dict[str, Any]:
@@ -488,13 +427,3 @@ def format_value(key: str, value: object) -> str:
     if isinstance(value, float) and digits is not None:
         return f"{value:.{digits}g}" if abs(value) < 1000 else f"{value:.0f}"
     return str(value).replace("|", "\\|").replace("\n", " ")
-
-
-def report_cell(key: str, value: object) -> str:
-    """``value`` as a cell of the benchmark report: its declared decimals, thousands apart."""
-    if value is None:
-        return "-"
-    decimals = BY_KEY[key].report_decimals
-    if isinstance(value, float) and decimals is not None:
-        return f"{value:,.{decimals}f}"
-    return str(value)

@@ -1,21 +1,12 @@
 """Batch-sized host buffers from a bounded pool: reused, pinned on CUDA runs, counted.
 
-A fresh multi-megabyte tensor per batch is fresh memory from the OS each time, and faulting its
-pages in costs about as much as the copy that fills it (memmap val reading measured ~2x faster
-with reuse). Pinned memory is worse: every fresh pinned block is page-locked for the life of
-the process by torch's caching host allocator, so a loader that pins each in-flight batch anew
-holds several GB a rank (256 x 3 x 336 x 336 is 87 MB a batch), taken from the page cache that
-the memmap loader lives on. So the loaders take their batches from a ``BufferPool``:
-
-* at most ``capacity`` buffers, allocated on first need and reused after that; their total is
-  in metrics.json (``loader_<split>_pinned_mb``);
-* a buffer is handed out again only when no tensor shares its storage (torch counts those: a
-  batch the caller keeps, or any view of it, is never overwritten) and, pinned, when the last
-  copy from it to the device has finished (a CUDA event recorded by ``to_device``);
-* with every buffer busy, a fresh pageable one (not pooled, counted in ``overflows``): a
-  slower copy rather than a wait that could deadlock against a caller holding batches.
-
-Where torch does not expose the storage count, every batch is fresh (and nothing is reused).
+A fresh batch tensor is fresh memory, whose page faults cost about what the copy filling it
+does; a fresh pinned one stays page-locked for the process's life (torch's caching host
+allocator), taken from the page cache memmap lives on. So a ``BufferPool`` holds at most
+``capacity`` buffers (``loader_<split>_pinned_mb``) and hands one out again only when no tensor
+shares its storage and its last copy to the device has finished (a CUDA event). With every
+buffer busy it gives a fresh pageable one (counted in ``overflows``): a slower copy rather than
+a wait that could deadlock. Where torch does not expose the storage count, every batch is fresh.
 """
 
 from __future__ import annotations

@@ -1,22 +1,12 @@
 """Ctrl-C and SIGTERM as a stop request that cannot be lost.
 
-The handler raises ``KeyboardInterrupt`` where the main thread happens to be, so the run unwinds
-through its ``finally`` blocks (workers and threads stopped, partial metrics written). But
-Python swallows an exception raised inside some callbacks (an at-fork hook while a worker
-process starts, a ``__del__``, a weakref callback) with only "Exception ignored in ...", and the
-run would carry on as if nothing happened. So the handler also records the request, and the
-loops check it at every batch (``LoopMeter.iterate``) and cache-build chunk, and the run checks
-it before calling itself done.
-
-A few short steps must not be cut in half: an atomic write (temporary file created, written,
-fsynced, renamed over the target, or removed on error; ``locking.atomic_write``) and a memmap
-cache's commit (its metadata and ``COMPLETE`` marker written, the folder renamed into place and
-the directory fsynced). They run inside ``critical_section()``, where the handler only records
-the request; leaving the outermost section raises the ``KeyboardInterrupt`` then, so a stop
-never leaves a ``.tmp`` file or a half-committed cache behind. It is not raised there while an
-exception is already propagating or being handled (an ``except`` or ``finally`` cleanup, such
-as writing the partial metrics of an interrupted run, runs to its end); the request stays
-recorded for the next check. Long work (a cache build, an epoch) stays outside, interruptible.
+The handler raises ``KeyboardInterrupt`` where the main thread is, so the run unwinds through
+its ``finally`` blocks; since Python swallows an exception raised in some callbacks (an at-fork
+hook, a ``__del__``), it also records the request, which the loops check at every batch and
+build chunk. Short steps that must not be cut in half (an atomic write, a cache's commit) run in
+``critical_section()``: the handler only records the request there, and leaving the outermost
+section raises it, unless an exception is already being handled (the request then waits for the
+next check). Long work (a build, an epoch) stays interruptible.
 """
 
 from __future__ import annotations

@@ -1,19 +1,12 @@
 """Resuming on another number of ranks: a checkpoint taken on N ranks continues on M.
 
-What is kept: the global batch G (N x ``loader.batch_size``: each rank now takes G / M, which
-M must divide), so the schedule's steps per epoch (``len // G``) and each step's images are
-the run's; each epoch's global order (``epoch_permutation``) and every random crop (a function
-of seed, epoch and image); the place in the interrupted epoch's order. After ``k`` steps the
-ranks together have gone through the first ``k`` global batches of the order (strided
-sharding), so the M ranks share out the rest of it (``ResumedEpoch``), each image once.
-
-What changes with M: the per-rank batch, and with it BatchNorm's batch statistics (each rank
-normalises over its own batch) and the per-rank random streams (dropout); the step's gradient
-is the same mean over the same G images, up to the order of the floating-point sums.
-
-This is read before any loader is built: ``fit_to_checkpoint`` returns the loader's settings
-with the per-rank batch (the run's config stays as validated) and the resumed epoch, which
-goes into every training ``LoaderSpec``.
+Kept: the global batch G (each rank now takes G / M, which M must divide), so the schedule's
+steps and each step's images are the run's; each epoch's global order and every crop; the place
+in the interrupted epoch, whose rest the M ranks share out (``ResumedEpoch``), each image once.
+Changed: the per-rank batch, and with it BatchNorm's batch statistics and the per-rank random
+streams; the step's gradient is the same mean over the same images, up to the order of the sums.
+``fit_to_checkpoint`` settles this before any loader is built (docs/imagenet_and_slurm.md,
+"Resuming on another number of ranks").
 """
 
 from __future__ import annotations

@@ -1,15 +1,11 @@
 """The ledger of the images each training epoch trained on, over every rank: what tells that a
 run preempted and resumed (on the same number of ranks or another) lost or repeated no sample.
 
-Each rank's training loop keeps the dataset indices of the batches its steps had (each
-``Batch`` carries its images' indices): what was trained on, observed, not the order the loader
-planned; after every pass (an epoch's end or a preemption) the ranks add up their counts per
-image, so a batch served twice or the wrong images after a resume show. The checkpoint of a
-stop in the middle of an epoch keeps the epoch's images so far as a bitmap (``np.packbits``:
-160 KB for ImageNet's 1.28 M images) and those trained more than once, so the resumed run
-continues the count and catches an image trained again after the resume. metrics.json:
-``epoch_samples`` (distinct images trained on, per epoch) and ``epoch_repeats`` (images trained
-on more than once in an epoch), lists indexed by epoch.
+Each rank keeps the dataset indices of the batches its steps had (observed, not the loader's
+plan); after every pass the ranks add up their counts per image. A checkpoint taken mid-epoch
+keeps the epoch's images so far as a bitmap (``np.packbits``) and those trained twice, so the
+resumed run continues the count. metrics.json: ``epoch_samples`` and ``epoch_repeats``, lists
+by epoch.
 """
 
 from __future__ import annotations

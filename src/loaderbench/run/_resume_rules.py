@@ -1,22 +1,14 @@
 """Resume's "same run?" rule, in one table: how each config key bears on continuing a run.
 
-A run continues from a checkpoint in two ways, and the table serves both:
-- *Requeued* (no flag): a SLURM job requeued after a preemption or its time limit runs again
-  in the same run directory and continues from its own ``checkpoint.pt`` only when the
-  checkpoint holds this very config: every key equal but those that say how it was asked to
-  resume (``MAY_DIFFER``). Any other difference: the checkpoint is another run's, left alone.
-- *Asked* (``checkpoint=PATH train.resume=true``): a user continues a run on purpose and may
-  change what does not break it (the learning rate, the loader, ``epochs``...), but not the
-  keys that fix the schedule's steps per epoch, each epoch's order and crops, and what the
-  saved batch offset means (``MUST_MATCH``): a change there is refused, naming the key.
+- *Requeued* (no flag): a SLURM job run again in its run directory continues from its own
+  ``checkpoint.pt`` only when that holds this very config, every key equal but those that say
+  how to resume (``MAY_DIFFER``); otherwise the checkpoint is another run's, left alone.
+- *Asked* (``checkpoint=PATH train.resume=true``): a user may change what does not break the
+  run (the learning rate, the loader, ``epochs``), not the keys that fix the steps per epoch,
+  each epoch's order and crops and the saved batch offset (``MUST_MATCH``), refused by name.
 
-Both compare the config as composed (``Session.composed``: ``loader.num_workers=auto`` stays
-``auto``), as the checkpoint keeps it.
-
-The number of ranks is not a config key and may differ either way: a run resumed on M ranks
-keeps the checkpoint's global batch (N x ``loader.batch_size``) and takes global / M per rank
-(``loaderbench.run._elastic``); ``loader.batch_size`` is compared as typed on the command line,
-which for a requeued job is the same command.
+Both compare the config as composed (``auto`` stays ``auto``), ``loader.batch_size`` as typed.
+The number of ranks is not a key and may differ (``loaderbench.run._elastic``).
 """
 
 from __future__ import annotations

@@ -1,15 +1,11 @@
 """Passes over the data until the loop's steady window is a measurement: timeit's autorange.
 
-A loop's rate counts only its steady window (``LoopMeter``: past the warm-up and the loader's
-head start). On a small data set, or with large batches, one pass may end before the window
-opens. A measurement that is the point of its run (``model=none``, eval.py's throughput, the
-ceiling pass) therefore repeats its passes, as one continuous loop (``LoopMeter.continuous``),
-until the window holds ``min_batches`` batches and ``min_s`` seconds, or ``max_s`` from the
-first pass's start is reached (``bench.epochs=auto``): no pass is begun that would end past it
-once there is a window; without one the passes go on to ``max_s``, so at most one pass more. An
-explicit count (``bench.epochs=N``) runs that many passes; where they leave no window the reason
-says what to set. The ranks of a data-parallel run agree on when to stop, so they all run the
-same passes (each tells its own loader whether another follows: a read-ahead hint only).
+A loop's rate counts only its steady window (``LoopMeter``), and on a small data set or with
+large batches one pass may end before it opens. So a measurement that is the point of its run
+(``model=none``, eval.py's throughput, the ceiling pass) repeats its passes as one continuous
+loop until the window holds ``min_batches`` batches and ``min_s`` seconds, or ``max_s`` is
+reached (``bench.epochs=auto``); ``bench.epochs=N`` runs N passes, and where they leave no window
+the reason says what to set. The ranks of a data-parallel run agree on when to stop.
 """
 
 from __future__ import annotations

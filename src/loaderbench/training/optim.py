@@ -49,7 +49,7 @@ OPTIMIZERS: dict[str, Callable[[OptimConfig, nn.Module, bool | None], torch.opti
 
 def fused_step(device: torch.device) -> bool | None:
     """The optimizers' ``fused`` argument on ``device``: True on CUDA, else None (torch's
-    default kernels, as before).
+    default kernels).
 
     With precision=fp16 the GradScaler checks the gradients for inf/NaN, and before an unfused
     optimizer's step it reads that flag on the host (``GradScaler._maybe_opt_step``: ``.item()``

@@ -1,20 +1,15 @@
 """JPEG decoding for every loader: one small interface, backends chosen per device by a registry.
 
-* ``base``: the interface a backend implements (``JpegBackend``) and what it can do
-  (``Capabilities``: devices, batch, region, scale);
-* ``nvimgcodec``, ``torchcodec``, ``torchvision``, ``pil``: the four backends, in that order of
-  preference (nvImageCodec is the only one that decodes just a box of the image);
-* ``engines``: nvImageCodec's engines (hardware JPEG engine, CUDA with GPU or CPU Huffman,
-  libjpeg-turbo), a decoder each; ``engine_choice``: their order on a GPU, measured once per
-  machine and remembered;
-* ``choice``: the registry (``BACKENDS``), the choice per kind of device (``backend``,
-  ``region_decode``) and the calls that decode with it (``decode_cpu``, ``decode_batch``);
-* ``batch``: batched decoders, the GPU's one nvJPEG decoder and the stream ordering that keeps
-  its output whole (``CudaJpegDecoder``, ``hand_over``).
+* ``base``: the interface (``JpegBackend``) and what a backend can do (``Capabilities``);
+* ``nvimgcodec``, ``torchcodec``, ``torchvision``, ``pil``: the backends, in that order of
+  preference (nvImageCodec alone decodes just a box of the image);
+* ``engines``, ``engine_choice``: nvImageCodec's engines, and their order on a GPU, measured
+  once per machine and remembered;
+* ``choice``: the registry (``BACKENDS``), the choice per device and the calls that decode;
+* ``batch``, ``cpu_batch``: batched decoders (the GPU's one nvJPEG decoder, ``hand_over``).
 
-EXIF orientation is never applied (``loaderbench.imaging.files`` says why). The measurements behind
-each choice (which backend, no scaled decode, val centre crops as regions) are in
-docs/decoding.md; ``python -m tools.bench.backends PHOTOS`` measures them again.
+EXIF orientation is never applied (``loaderbench.imaging.files`` says why). docs/decoding.md
+has the measurements behind each choice; ``python -m tools.bench.backends PHOTOS`` redoes them.
 """
 
 from __future__ import annotations

@@ -1,21 +1,13 @@
 """Batched decoding: one call decodes a batch and finishes it, on the CPU (where the loaders'
 batch logic is tested) or on a GPU.
 
-``CudaJpegDecoder.for_device(device)`` is the device's one decoder: one batched nvJPEG call
-per batch (with regions where the backend decodes them), from one place at a time (a lock),
-on the decoder's own stream. The ordering that keeps its output whole:
-
-* before each call the host waits for the decoder's stream (only the previous batch's decode
-  and crops, never the model's work): nvJPEG's hardware engine writes its output without
-  waiting for work queued on the stream, so a block freed there and handed out again by the
-  caching allocator could still be read by a queued kernel (torchvision's batched decoder
-  corrupts images this way on H100s, pytorch/vision#9606; TorchCodec orders its own call but
-  not our crops after it). nvImageCodec's images live in its own allocations: each batch's
-  are kept until that wait, so none is freed while a crop queued on the stream reads it;
-* the batch is finished (cropped, resized, stacked) on that stream, then an event is recorded;
-  the consumer's stream waits for the event and the batch's tensors are recorded on the
-  consumer's stream (``hand_over``), so the allocator does not reuse them while the model
-  reads them.
+``CudaJpegDecoder.for_device(device)`` is the device's one decoder: one batched nvJPEG call a
+batch, behind a lock, on its own stream. Before each call the host waits for that stream (the
+previous batch's decode and crops only): nvJPEG's hardware engine writes without waiting for
+queued work, so a block freed and handed out again could still be read by a queued kernel
+(torchvision's batched decoder corrupts images so, pytorch/vision#9606). The batch is finished
+on that stream and handed over by an event (``hand_over``), its tensors recorded on the
+consumer's stream so the allocator does not reuse them while the model reads them.
 """
 
 from __future__ import annotations

@@ -2,18 +2,11 @@
 no GIL: ``read_files`` (every file's bytes) and ``decode_into`` (every image decoded whole by
 libjpeg-turbo, its box resized into its slot of the batch and mirrored where asked).
 
-Both are loops of ATen and torchvision ops compiled by TorchScript, whose interpreter releases
-the GIL for the call (as ``loaderbench.imaging.batch_resize`` does for memmap's crops): a batch
-costs a thread two Python calls, not a dozen an image, so decode threads scale with cores instead of
-queueing for the GIL (docs/gil.md gives the measurement). The ops are torchvision's
-``image::read_file`` and ``image::decode_jpeg`` (libjpeg-turbo; its pixels are nvImageCodec's
-and Pillow's, tests/test_cpu_batch.py), loaded from torchvision's extension library alone:
-importing torchvision costs a process ~1.5 s of CPU.
-
-nvImageCodec's batched CPU decode also takes a batch in one call, and decodes only each box,
-but each image's code stream and output cost ~0.1 ms of Python with the GIL held, and SPDL's
-``load_image_batch`` retakes the GIL between images; a whole decode here costs ~10% more CPU
-than nvImageCodec's region decode of a train crop at scale [0.35, 1] (docs/gil.md).
+Both are TorchScript loops of torchvision's ``image::read_file`` and ``image::decode_jpeg``
+(loaded from its extension library alone: importing torchvision is slow), so a batch costs a
+thread two Python calls, not a dozen an image, and decode threads scale with cores instead of
+queueing for the GIL. nvImageCodec decodes only each box, but costs Python per image with the
+GIL held; docs/gil.md ("spdl turbo") has both measurements.
 """
 
 from __future__ import annotations

@@ -1,16 +1,12 @@
 """Which nvImageCodec engines decode on a GPU, in which order: measured once per machine, GPU
 and library versions, then remembered, as ``loader.num_workers=auto`` remembers its count.
 
-The measurement (``measure``) decodes a batch of generated photo-sized JPEGs with each engine
-alone (``engines``) and times it; ``rank`` orders the engines that decoded every image by their
-rate, an engine whose Huffman decode runs on the CPU only ahead of one that runs it on the GPU
-where it is faster by ``CPU_HUFFMAN_MARGIN`` (it takes cores the loader's other work needs).
-The first engine decodes; an image it cannot take goes to the next (``NvImageCodecBackend``).
-
-Remembered in ``decode-engines-<hash of the key>.json`` in ``LOADERBENCH_CACHE_DIR`` (default
-``$XDG_CACHE_HOME/loaderbench``, ``~/.cache/loaderbench``); ``LOADERBENCH_DECODE_REFRESH=1``
-measures again. A file that cannot be read or holds something else is named in a warning and
-measured over, never trusted.
+``measure`` times each engine alone on a batch of generated photo-sized JPEGs; ``rank`` orders
+those that decoded every image by rate, a CPU-Huffman engine ahead of a GPU one only where it
+is faster by ``CPU_HUFFMAN_MARGIN`` (it takes cores the loader needs). Remembered in
+``decode-engines-<hash of the key>.json`` in ``LOADERBENCH_CACHE_DIR`` (default
+``~/.cache/loaderbench``); ``LOADERBENCH_DECODE_REFRESH=1`` measures again, and a file that
+cannot be trusted is named in a warning and measured over.
 """
 
 from __future__ import annotations

@@ -1,23 +1,17 @@
 """nvImageCodec's JPEG engines: where an image's Huffman decode and IDCT run, one decoder each.
 
-nvImageCodec names backend kinds, not engines: nvJPEG's CUDA decoder registers as
-HYBRID_CPU_GPU and does the Huffman decode on the CPU below ``hybrid_huffman_threshold`` pixels
-(1 Mpx by default) and on the GPU above it; for JPEG there is no GPU_ONLY decoder (creating one
-fails with code 7). So the engines here are a backend kind *and* the options that pin where the
-Huffman decode runs:
+nvImageCodec names backend kinds, not engines (its CUDA decoder moves the Huffman decode
+between CPU and GPU by image size, and there is no GPU-only JPEG decoder), so an engine here is
+a backend kind plus the options that pin where the Huffman decode runs:
 
 * ``hardware``: HW_GPU_ONLY, the GPU's JPEG engine (A100, H100, H200, GB200; none elsewhere);
-* ``cuda``: HYBRID_CPU_GPU with ``hybrid_huffman_threshold=0``, every image's Huffman decode on
-  the GPU (nvJPEG's GPU_HYBRID backend);
-* ``hybrid``: HYBRID_CPU_GPU with the threshold above any image, every Huffman decode on the CPU;
-* ``cpu``: CPU_ONLY, libjpeg-turbo (the CPU device's one engine).
+* ``cuda``: HYBRID_CPU_GPU, every Huffman decode on the GPU (``hybrid_huffman_threshold=0``);
+* ``hybrid``: HYBRID_CPU_GPU, every Huffman decode on the CPU;
+* ``cpu``: CPU_ONLY, libjpeg-turbo.
 
-Each engine is a decoder of its own with one backend (so no load hint caps it: nvImageCodec sizes
-a backend's share of a batch once, on a decoder's first call, only where a fallback follows it),
-and an image an engine cannot take is retried on the next one by the caller, counted there
-(``decoded_by`` key ``nvimgcodec:<engine>``). The hardware engine and GPU Huffman take sequential
-(baseline) JPEGs only: a progressive JPEG is sent past them, where its Huffman decode runs on
-the CPU, rather than counted as theirs.
+Each is a decoder of its own with one backend (so no load hint caps it); an image an engine
+cannot take (a progressive JPEG, for the first two) goes to the next, counted there
+(``decoded_by``: ``nvimgcodec:<engine>``).
 """
 
 from __future__ import annotations

@@ -1,16 +1,12 @@
 """NVIDIA nvImageCodec (libjpeg-turbo on the CPU, nvJPEG on a GPU; the library DALI decodes
-with): the only backend that decodes a region (libjpeg-turbo's ``jpeg_crop_scanline`` +
-``jpeg_skip_scanlines``; nvJPEG's ROI decode on a GPU, batched), which keeps it first.
+with): the only backend that decodes a region, which keeps it first.
 
-Its pixels are libjpeg-turbo's, identical to Pillow's for every kind of JPEG the loaders give
-it, and a region's are identical to the same crop of a whole decode (tests/test_decode.py). It
-is told not to apply EXIF orientation (its default does). YCCK JPEGs come out up to 1 grey
-level off Pillow's colour conversion, so those go to PIL with every file that
-``images.fast_jpeg`` keeps from the fast decoders (the loaders' one rule), as do the rare files
-it refuses (PIL then says why, or decodes them). On a GPU each engine (hardware JPEG engine,
-CUDA with GPU Huffman, CUDA with CPU Huffman: ``decode.engines``) is a decoder of its own, tried
-in the order measured for the machine (``decode.engine_choice``), and ``decoded_by`` counts each
-image as the engine's (``nvimgcodec:hardware``, ...). docs/decoding.md gives the measurements.
+Its pixels are libjpeg-turbo's, Pillow's for every JPEG the loaders give it, and a region's are
+the same crop of a whole decode (tests/test_decode.py). EXIF orientation is not applied. YCCK
+JPEGs, and every file ``files.fast_jpeg`` keeps from the fast decoders, go to PIL, as do the
+rare files it refuses. On a GPU each engine (``decode.engines``) is a decoder of its own, tried
+in the order measured for the machine (``decode.engine_choice``). docs/decoding.md has the
+measurements.
 """
 
 from __future__ import annotations

@@ -1,39 +1,19 @@
-"""Decode functions of the spdl loader, by name: ``ffmpeg``, ``turbo`` and ``nvjpeg``.
+"""Decode functions of the spdl loader, by name: ``ffmpeg``, ``turbo`` and ``nvjpeg``. Each must
+release the GIL for its heavy parts, since the pipeline runs ``loader.num_workers`` batch
+decodes at once in a thread pool (docs/decoding.md, "The spdl decoders"):
 
-SPDL's pipeline does not care which decoder its decode stage calls, as long as the call releases
-the GIL: the stage runs ``loader.num_workers`` batch decodes at once in a thread pool, so the
-heavy parts (file read, entropy decoding, colour conversion, resizing) must run in C/C++ without
-the GIL. All three do (docs/decoding.md gives the measurement):
+* ``ffmpeg``: ``spdl.io`` with an FFmpeg filter graph doing the whole geometry in one pass;
+  its chroma upsampling is not libjpeg's, so its pixels differ slightly from PIL's;
+* ``turbo``: a batch read in one call and decoded by libjpeg-turbo, cut, resized and flipped
+  in another (``decode.cpu_batch``), else image by image through ``loaderbench.imaging.decode``;
+  PIL's decoder and filter, so the torchvision reference's pixels;
+* ``nvjpeg``: the threads read bytes and sizes; one later stage makes one batched nvJPEG call
+  a batch (train boxes only) and finishes it on the GPU (``device_resize``); CUDA only.
 
-* ``ffmpeg``: ``spdl.io.demux_image`` + ``spdl.io.decode_packets`` with an FFmpeg filter graph
-  that does the whole geometry in one pass (crop, scale, flip, RGB conversion). FFmpeg's JPEG
-  decoder is slower than libjpeg-turbo and its chroma upsampling is not libjpeg's, so its
-  pixels differ slightly from PIL's (tests/test_spdl.py measures by how much).
-* ``turbo``: a batch's files read in one call and its JPEGs decoded by libjpeg-turbo, each
-  box cut, resized as uint8 (torch's antialiased kernel) and flipped in another, neither
-  holding the GIL (``decode.cpu_batch``; docs/gil.md); image by image through
-  ``loaderbench.imaging.decode`` (nvImageCodec, which decodes only a train crop's box, or
-  TorchCodec, torchvision.io or PIL) where that cannot run. The same decoder and the same filter as
-  PIL's, so it matches the torchvision reference to +-1 grey level, and it is the fastest.
-* ``nvjpeg``: the pool threads only read the bytes and the sizes (and decode the odd non-JPEG
-  file on the CPU, into pinned memory); one stage after them makes one batched nvJPEG call per
-  batch, each train image's box only, through the device's one decoder
-  (``loaderbench.imaging.decode.CudaJpegDecoder``), then finishes the batch on the GPU, on the
-  decoder's stream, in one batched resize (``device_resize``: the CPU path's filter, within 1
-  grey level). It needs a CUDA device and says so at once where there is none.
-
-Which files a fast decoder may take is decided by one rule, from the file's bytes
-(``images.fast_jpeg``): a whole JPEG of 1 or 3 components without an EXIF orientation tag.
-Everything else (a PNG or WebP named .JPEG, BMP, TIFF, 16-bit PNG, a PDF or a tar holding a
-JPEG, a cut or CMYK JPEG, ...) is read or refused by PIL through ``loaderbench.imaging.files``, the
-torchvision and memmap loaders' own path, so every file gets the same verdict and the same
-pixels everywhere. Every decoder refuses an image over
-``dataset.max_image_pixels`` from its header, before decoding it, and none applies EXIF
-orientation (``loaderbench.imaging.files`` says why). A file nothing can decode becomes a
-``Failure`` naming it; the loader skips or raises it (``dataset.on_error``).
-
-What they decode is described by ``records`` (samples, opened files, failures, batches) and
-``geometry`` (the plan per image: box, resize, crop, flip).
+Which files a fast decoder takes is ``files.fast_jpeg``'s one rule; the rest is PIL's, so every
+loader gives a file the same verdict and pixels. Each refuses an image over
+``dataset.max_image_pixels`` from its header, applies no EXIF orientation, and makes a file
+nothing decodes a ``Failure`` naming it. ``records`` and ``geometry`` describe what they decode.
 """
 
 from __future__ import annotations
@@ -77,7 +57,7 @@ FFMPEG_DECODER_OPTIONS = {"err_detect": "explode"}
 
 def read_bytes(path: str) -> torch.Tensor:
     """The file's bytes as a uint8 tensor (numpy's reader releases the GIL; torchvision's
-    would too, but importing torchvision costs a pipeline ~1.5 s of CPU)."""
+    would too, but importing torchvision costs a pipeline seconds of CPU)."""
     return torch.from_numpy(np.fromfile(path, dtype=np.uint8))
 
 

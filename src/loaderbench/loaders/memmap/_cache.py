@@ -1,30 +1,16 @@
 """The memmap loader's cache folders: found by key, built once (under a lock, atomically), and
-opened only while intact. A cache is one split kept by one store (``STORES``, by
-``loader.store``: ``store_raw``, ``store_jpeg``), built by ``build``. Layout::
+opened only while intact. A cache is one split kept by one store (``STORES``), built by
+``build``; docs/loaders.md ("The cache") shows a folder's layout.
 
-    cache_dir/
-        <split>-<policy><stored size>[-<store><quality>]-<key>/   a complete cache; never written
-            meta.json, _tensordict/*.memmap    the store's TensorClass (tensordict's memmap format)
-            cache.json                         what it was built from, skipped files, timings
-            COMPLETE                           written last, just before the rename
-        .<name>.lock                           held while building: one builder at a time
-        .<name>.tmp-<pid>/                     a build in progress, or the remains of a killed one
-        .<name>.inuse                          held shared by every run reading it (housekeeping)
-
-``<key>`` hashes everything the bytes depend on: the file list with sizes and mtimes
-(``Split.fingerprint``), the split, the store policy and size, the versions of the libraries
-whose code makes the stored bytes (``pixel_library_versions``: Pillow decodes and resizes,
-torch's kernels resize the train images, torchvision's transforms and JPEG encoder make the
-val crops and the jpeg store) and ``FORMAT_VERSION``. A changed dataset, setting or library
-therefore gets a new folder and never reads stale images. Old folders are left in place
-(another run may be reading them; ``housekeeping`` removes the unused ones).
-
-Safety: a build reserves all its blocks first (``posix_fallocate``), so a full disk fails at
-once with ENOSPC naming the folder, never with a SIGBUS in a worker halfway; every open compares
-the file sizes recorded at build time and a hash of the labels, sizes and 64 evenly spaced image
-rows (milliseconds), so a cache truncated or edited since is rebuilt, with a warning saying
-which file changed, never read. A read-only ``cache_dir`` serves the caches it holds; one it
-lacks is an error naming ``loader.cache_dir``.
+* ``<key>`` hashes everything the bytes depend on: the files with their sizes and mtimes, the
+  split, the store's policy and size, the versions of the libraries that make the stored bytes
+  (``pixel_library_versions``) and ``FORMAT_VERSION``. A change makes a new folder, never
+  stale images; old folders stay, for ``housekeeping``.
+* A build reserves its blocks first (``posix_fallocate``): a full disk fails at once naming the
+  folder, never as a SIGBUS in a worker halfway.
+* Every open checks the recorded file sizes and a hash of the labels, sizes and a sample of
+  rows: a cache truncated or edited since is rebuilt, with a warning, never read.
+* A read-only ``cache_dir`` serves the caches it holds; one it lacks is an error naming it.
 """
 
 from __future__ import annotations

@@ -1,13 +1,11 @@
 """The memmap loader's reading threads: one pool for the run, a bounded number of batches in
 flight, handed over in order, and reading ahead into the next epoch.
 
-An epoch's last batches used to leave the threads idle while the caller finished the epoch and
-started the next one (a new pool, then the first batches read from nothing): at 25 batches an
-epoch, a tenth of the time. Now, when an epoch's batches have all been submitted, the threads
-go on with the next epoch's first batches (its order is known: the shared seeded permutation);
-the next iteration takes them if it is that epoch from its start and its batches are the ones
-read, and drops them otherwise (a resumed or re-ordered epoch): a read ahead is never served
-for another batch.
+Once an epoch's batches are all submitted, the threads go on with the next epoch's first batches
+(its order is known: the shared seeded permutation), rather than sit idle while the caller ends
+one epoch and starts the next. The next iteration takes them if it is that epoch from its start
+and its batches are the ones read, and drops them otherwise (a resumed or re-ordered epoch): a
+read ahead is never served for another batch.
 """
 
 from __future__ import annotations

@@ -1,23 +1,17 @@
 """What every memmap store shares: its policy, the ``Store`` interface, and the parallel build.
 
-A store (``loader.store``) is one way of keeping a split's images in a cache folder: decoded
-pixels (``store_raw``) or re-encoded JPEG bytes (``store_jpeg``). Each is a ``Store`` with its
-own ``TensorClass`` and way of writing images; all of them build the same way, here: every image
-decoded once, as ``StorePolicy`` says, by ``decode_stored`` (the one place the build decodes),
-in chunks of ``BUILD_CHUNK`` images by ``num_workers`` processes (``run_chunks``), each decoded
-image handed to the store's ``BuildChunks.keep``. The folder around a build (its key, the lock,
-the atomic commit, the checks on every open) is ``cache``'s.
+A store (``loader.store``) keeps a split's images in a cache folder, as decoded pixels
+(``store_raw``) or re-encoded JPEG bytes (``store_jpeg``). Every store builds the same way, here:
+each image decoded once by ``decode_stored`` as ``StorePolicy`` says, in chunks of
+``BUILD_CHUNK`` images by ``num_workers`` processes (``run_chunks``); the folder around a build
+(key, lock, atomic commit, checks) is ``cache``'s. The policies:
 
-Store policies:
-
-* val (``crop``): exactly ``pil_val_transform(image_size)`` (Resize + CenterCrop, the same PIL
-  code), stored (N, 3, S, S), so a val batch needs no work at all after the gather;
-* train (``fit``): the whole image, aspect ratio kept, shrunk (never enlarged) so that its long
-  side fits an L x L canvas, L = round(image_size * train_store_ratio), stored channels-last
-  (N, L, L, 3) at the top left, with its true height and width in ``heights``/``widths``. The
-  random-resized crop is sampled later, per epoch, inside that true region: the same box
-  distribution as torchvision's RandomResizedCrop on the original file (not a crop of an image
-  squashed to a square). Channels-last because the CPU's uint8 resize kernel is fastest on it.
+* val (``crop``): exactly ``pil_val_transform(image_size)``, stored (N, 3, S, S), so a val batch
+  needs no work after the gather;
+* train (``fit``): the whole image, aspect kept, its long side shrunk to fit an L x L canvas
+  (L = round(image_size * train_store_ratio)), channels-last (the CPU's uint8 resize is fastest
+  on it), with its true size: each epoch's random-resized crop is drawn inside the true region,
+  as torchvision's is from the file.
 """
 
 from __future__ import annotations

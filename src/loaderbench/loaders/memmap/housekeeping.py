@@ -1,23 +1,14 @@
 """Old memmap caches: list them with their size and last use, and remove the unused ones.
 
-Caches are never removed by a run (another run may be reading an older one), so a cache folder
-grows with every dataset and setting tried. This lists them and, asked to, removes those not
-used for a given time:
+``make clean-cache UNUSED_DAYS=30``, or ``python -m loaderbench.loaders.memmap.housekeeping
+[--cache-dir cache] [--unused-days 30] [--remove]``.
 
-    python -m loaderbench.loaders.memmap.housekeeping [--cache-dir cache] [--unused-days 30]
-    python -m loaderbench.loaders.memmap.housekeeping --unused-days 30 --remove
-    make clean-cache UNUSED_DAYS=30          # lists, then removes
-
-A run holds its caches "in use" (a shared lock on ``.<name>.inuse``, touched when taken, so its
-mtime is the last use); a cache held by a running job is never removed, whatever its age. The
-remains of interrupted builds (``.<name>.tmp-<pid>``) whose builder is gone go too.
-
-Only what the memmap loader provably made is ever removed: a folder with a name ``cache_name``
-gives whose own ``cache.json`` records that name, or a build's folder (``.<name>.tmp-<pid>``,
-its build lock beside it). Anything else in the folder (a user's ``imagenet/`` when
-``loader.cache_dir`` is scratch space) is listed as "not a cache, left alone". No symbolic link
-is followed: one in the folder is listed and left, and removal unlinks links inside a cache
-rather than going through them.
+A run never removes a cache (another may be reading it), so this does, cautiously: a cache a
+running job holds "in use" (a shared lock on ``.<name>.inuse``, whose mtime is the last use) is
+never removed, and only what the loader provably made goes (a folder whose ``cache.json``
+records the name ``cache_name`` gives it, or an interrupted build's ``.<name>.tmp-<pid>`` whose
+builder is gone). Anything else is listed as "not a cache, left alone"; no symbolic link is
+followed.
 """
 
 from __future__ import annotations

@@ -1,45 +1,18 @@
-"""The spdl loader: SPDL's thread pipeline, the approach of its imagenet_classification example.
+"""The spdl loader: SPDL's thread pipeline, as in its imagenet_classification example, all in
+this process (no worker processes):
 
-One SPDL pipeline, all in this process (no worker processes):
+    source     this rank's share of an epoch's shuffled order, as batches of ``Sample``
+    decode     ``loader.num_workers`` batches at once in as many threads, each decoded straight
+               into one uint8 NCHW batch from a bounded pool of (pinned) buffers, by
+               ``loader.decoder`` (``loaderbench.imaging.spdl.decoders``)
+    device     CUDA runs: the batch copied (nvjpeg: decoded) on a side stream
+    sink       the batches ready for the main loop: ``loader.prefetch`` less those decoding
 
-    source     this rank's share of an epoch's shuffled order, as batches of
-               ``loader.batch_size`` Sample(index, path, label, epoch) (the last partial batch
-               dropped when training); re-iterated for each epoch
-    decode     ``loader.num_workers`` batches at once in a pool of as many threads, each
-               decoded straight into one contiguous uint8 NCHW batch (turbo: in one call
-               a batch that holds no GIL; the others image by image) and its
-               int64 labels, taken from a bounded pool of buffers (``loaderbench.platform.buffers``;
-               pinned on CUDA runs); nvjpeg: the files read, not yet decoded
-    device     CUDA runs, one thread: a CPU decoder's batch copied on a side stream; nvjpeg's
-               decoded in one batched nvJPEG call and finished on the GPU. The main loop's
-               stream waits for the batch's event (``decode.hand_over``), not the host
-    sink       the batches ready for the main loop: ``loader.prefetch`` in all, less the
-               ``num_workers`` being decoded (at least one)
-
-Batches are formed before decoding, as in SPDL's imagenet_classification example, and by the
-source rather than an ``aggregate`` stage, because every item SPDL moves costs Python work on
-its event loop (queue hand-offs, asyncio tasks, stats hooks): measured here, one task per image
-made the decode threads wait for the GIL and cut throughput by a third, and an ``aggregate``
-stage alone took ~0.3 ms of CPU per image; one item per batch makes both vanish. The decode
-stage keeps input order (``output_order="input"``), so a batch holds the same images as the
-torchvision loader's for the same seed and epoch: runs are reproducible and the loaders
-comparable. The decoders (``loader.decoder``) live in ``loaderbench.imaging.spdl.decoders``.
-
-The pipeline lives for the run (``loader.persistent=true``, like DataLoader's persistent
-workers): its source is continuous, so building and starting threads is paid once and the next
-epoch's first batches are decoded while the current one ends. It is stopped, its threads
-joined, by ``close()``, when the consumer leaves an epoch early, on an error and on Ctrl-C; and
-rebuilt when ``set_epoch`` asks a train loader for another epoch than the one it would serve
-next (resume). ``loader.persistent=false`` builds and stops one per epoch. A file
-no decoder can read is counted once in ``stats()["skipped_files"]`` and left out of its batch
-(``dataset.on_error=skip``), or raised as ``OSError`` naming it (``raise``).
-
-SPDL's own per-stage statistics (task times, queue put/get waits and occupancy) are recorded
-by subclasses of its ``TaskStatsHook`` and ``StatsQueue``, logged when a pipeline stops (and
-every ``loader.stats_interval_s`` seconds if set) and summed over pipelines in ``stats()``
-under ``spdl_*`` keys: a sink occupancy near 1 means the loader keeps ahead of the main loop,
-near 0 that the main loop starves; the decode queue's put wait is time decoders were blocked
-by the stages after them.
+Batches are formed by the source, before decoding, since every item SPDL moves costs Python on
+its event loop (docs/decoding.md, "The spdl decoders"). The decode stage keeps input order, so a
+batch holds the torchvision loader's images for the same seed and epoch. The pipeline lives for
+the run (``loader.persistent``) and is stopped by ``close()``; SPDL's per-stage statistics are
+``stats()``'s ``spdl_*`` keys (docs/metrics.md).
 """
 
 from __future__ import annotations
@@ -127,9 +100,7 @@ def epoch_batches(spec: LoaderSpec, epoch: int, start_batch: int = 0) -> Iterato
 
     A generator (SPDL iterates it on its source thread), so an ImageNet-sized epoch is never
     held as a million Python objects at once. Batches are formed here rather than by an SPDL
-    ``aggregate`` stage because that stage moves every image through the event loop's queues
-    on its own (~0.3 ms of CPU per image measured here, on the thread that also hands work to
-    the decoders, which then wait for the GIL); one item per batch makes that cost vanish.
+    ``aggregate`` stage, which moves every image through the event loop's queues on its own.
     """
     split = spec.split
     for chunk in spec.epoch_batches(epoch, start_batch):

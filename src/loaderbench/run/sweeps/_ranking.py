@@ -1,15 +1,11 @@
 """The sweep's answer: its jobs ranked by the rate they measured, and the worker count to use.
 
-"Best first" means the most images/s. Every loader, worker count and batch size of one recipe
-gives the same top-1 (the same crops), so accuracy does not rank; where it differs (a sweep over
-models, recipes or precisions) it is a column beside the rate. A job without a rate (no steady
-window: the meter refused one) is listed apart with its reason and is not a failure; a job
-that failed is listed apart with its error.
-
-A sweep over ``loader.num_workers`` names the count to use for each value of the other swept
-keys: the fewest workers whose rate is within the spread of the best one (their rates, each
-with its own ``images_per_s_spread``, overlap), so a count that buys nothing measurable on this
-machine is not chosen.
+Best first is the most images/s: every loader, worker count and batch size of one recipe gives
+the same top-1 (the same crops), so accuracy is a column, not a rank. A job without a rate (no
+steady window) is listed apart with its reason, a failed one with its error. A sweep over
+``loader.num_workers`` names, for each value of the other swept keys, the fewest workers whose
+rate is within the spread of the best (their ``images_per_s_spread`` overlap): a count that buys
+nothing measurable here is not chosen.
 """
 
 from __future__ import annotations
