@@ -1,2 +1,31 @@
 """The data layer: from a config to file lists. Discovery, the dataset index on disk, the splits
-in memory, the generated set, and where a resumed epoch continues."""
+in memory, the generated set, and where a resumed epoch continues.
+
+``synthetic`` (``python -m loaderbench.data.synthetic``, the generated set) is imported on its
+own: a module run with ``-m`` must not be imported by its package first.
+"""
+
+from loaderbench.data.discovery import (
+    DatasetError,
+    discover,
+    parse_wnid,
+    resolve_path,
+    scan_image_folder,
+    spread_indices,
+)
+from loaderbench.data.resumed import ResumedEpoch
+from loaderbench.data.splits import SPLITS, DatasetIndex, PathTable, Split
+
+__all__ = [
+    "SPLITS",
+    "DatasetError",
+    "DatasetIndex",
+    "PathTable",
+    "ResumedEpoch",
+    "Split",
+    "discover",
+    "parse_wnid",
+    "resolve_path",
+    "scan_image_folder",
+    "spread_indices",
+]
