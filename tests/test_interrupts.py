@@ -192,7 +192,7 @@ def test_critical_section_lets_a_propagating_or_handled_exception_be() -> None:
 ATOMIC_WRITE = """
 import os, signal, sys
 from pathlib import Path
-from loaderbench.platform.locking import atomic_write
+from loaderbench.platform.atomic import atomic_write
 from loaderbench.platform.stopping import stop_signals_as_interrupt
 
 target, sig = Path(sys.argv[1]), int(sys.argv[2])

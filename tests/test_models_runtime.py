@@ -86,7 +86,7 @@ def test_checkpoint_is_atomic_and_weights_only(tmp_path: Path) -> None:
         tmp.write_bytes(b"partial")
         raise Boom
 
-    from loaderbench.platform.locking import atomic_write
+    from loaderbench.platform.atomic import atomic_write
 
     with pytest.raises(Boom):
         atomic_write(path, bad)

@@ -29,7 +29,7 @@ from loaderbench.autotune.rung import ProbeRow
 from loaderbench.data.discovery import resolve_path
 from loaderbench.imaging import decode
 from loaderbench.loaders import LoaderSpec
-from loaderbench.platform.locking import atomic_write_text
+from loaderbench.platform.atomic import atomic_write_text
 from loaderbench.run.session import Session
 
 log = logging.getLogger(__name__)

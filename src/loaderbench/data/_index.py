@@ -26,7 +26,8 @@ import numpy as np
 import psutil
 
 from loaderbench.data.splits import DatasetIndex, PathTable, Scanned, Split, stat_files
-from loaderbench.platform.locking import FileLock, atomic_write
+from loaderbench.platform.atomic import atomic_write
+from loaderbench.platform.locking import FileLock
 
 log = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ from loaderbench.measure.metrics import PEAK_RSS_MB, SKIPPED_FILES
 from loaderbench.measure.process_tree import ProcessTreeMonitor
 from loaderbench.measure.ranks import reduce_loop_metrics
 from loaderbench.platform import distributed
-from loaderbench.platform.locking import atomic_write_text
+from loaderbench.platform.atomic import atomic_write_text
 from loaderbench.platform.runtime import cpus_allowed
 
 METRICS_FILE = "metrics.json"

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from loaderbench.platform.locking import atomic_write
+from loaderbench.platform.atomic import atomic_write
 
 # The one format this version reads and writes (issue 44: formats 1-3 are refused, not
 # converted). 4: every rank's random streams, running loss and position in the epoch's order

@@ -131,7 +131,7 @@ def load_choice(path: Path, key: dict[str, Any]) -> list[EngineRate] | None:
 
 
 def save_choice(path: Path, key: dict[str, Any], rates: list[EngineRate]) -> None:
-    from loaderbench.platform.locking import atomic_write_text
+    from loaderbench.platform.atomic import atomic_write_text
 
     payload = {"key": key, "rates": [asdict(rate) for rate in rates], "order": rank(rates)}
     try:

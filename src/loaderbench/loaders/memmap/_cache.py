@@ -44,7 +44,8 @@ from loaderbench.loaders.memmap.build import (
 )
 from loaderbench.loaders.memmap.store_raw import ImageCache, RawStore
 from loaderbench.measure.metrics import DECODED_BY
-from loaderbench.platform.locking import FileLock, LockKindError, SharedHold, atomic_write_text
+from loaderbench.platform.atomic import atomic_write_text
+from loaderbench.platform.locking import FileLock, LockKindError, SharedHold
 from loaderbench.platform.stopping import critical_section
 
 log = logging.getLogger(__name__)

@@ -1,19 +1,13 @@
-"""Inter-process locks (filelock's, in ``kinds``: never one that silently does not exclude) and
-atomic writes, for things that must never be half-written.
-"""
+"""Inter-process locks (filelock's, in ``kinds``): never one that silently does not exclude."""
 
 from __future__ import annotations
 
 import os
 import sys
-import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 
-from loaderbench.platform.locking.kinds import Held, acquire
-from loaderbench.platform.locking.kinds import LockKindError as LockKindError
-from loaderbench.platform.stopping import critical_section
+from loaderbench.platform.locking.kinds import Held, LockKindError, acquire
 
 
 class FileLock:
@@ -60,23 +54,4 @@ def try_exclusive(path: str | os.PathLike[str]) -> Held | None:
     return acquire(Path(path), shared=False, blocking=False)
 
 
-def atomic_write(path: str | os.PathLike[str], write: Callable[[Path], None]) -> None:
-    """Call ``write(tmp_path)``, fsync, then rename over ``path``: readers see all or nothing. A
-    stop signal (SIGINT, SIGTERM) meanwhile waits for the end (``stopping.critical_section``)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with critical_section():
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-        os.close(fd)
-        try:
-            write(Path(tmp))
-            with open(tmp, "rb") as f:
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-
-
-def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
-    atomic_write(path, lambda tmp: tmp.write_text(text))
+__all__ = ["FileLock", "Held", "LockKindError", "SharedHold", "try_exclusive"]
