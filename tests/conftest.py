@@ -167,6 +167,16 @@ class ProcessInAFastTest(RuntimeError):
     """A test not marked ``slow`` started a process (not an OSError: nothing swallows it)."""
 
 
+@pytest.fixture(scope="session", autouse=True)
+def matplotlib_font_cache() -> None:
+    """matplotlib's first import on a machine builds its font cache by running ``fc-list``: done
+    here, once a worker, so the tests that draw (sweep plots, the report) start no process."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.font_manager  # builds the cache
+
+
 @pytest.fixture(autouse=True)
 def process_guard(
     request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch

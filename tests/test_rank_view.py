@@ -88,7 +88,7 @@ def session_config(tiny_root: Path, tmp_path: Path):
     from hydra.core.hydra_config import HydraConfig
     from omegaconf import OmegaConf, open_dict
 
-    import loaderbench.run.session  # noqa: F401  (registers the config schemas)
+    import loaderbench.run.compose  # noqa: F401  (registers the config schemas)
 
     overrides = [f"dataset.root={tiny_root}", "logger=none", "device=cpu", "loader.batch_size=4"]
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):

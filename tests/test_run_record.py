@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import run_entry, single_run
+from tests.conftest import REPO, run_entry, single_run
 from tests.wandb_offline import offline_runs
 
 KEYS_FILE = Path(__file__).parent / "data" / "run_keys.json"
@@ -77,3 +78,20 @@ def test_a_sweeps_summary_columns_are_todays(tiny_root: Path, tmp_path: Path) ->
     with (sweep / "summary.csv").open() as handle:
         columns = next(csv.reader(handle))
     assert columns == json.loads(KEYS_FILE.read_text())["sweep_summary_csv"]
+
+
+def test_every_key_docs_metrics_md_names_has_a_place_in_the_record() -> None:
+    """A key written only in runs the keys above do not cover (a resume, a data-parallel run's
+    rank lists) still has its place: a section's field or a figure the catalog declares; the
+    loader's own keys (``loader_<split>_...``) are the loaders'."""
+    from loaderbench.measure.record import RunRecord
+
+    documented = set()
+    for line in (REPO / "docs" / "metrics.md").read_text().splitlines():
+        if line.startswith("| `"):
+            documented.update(re.findall(r"`([a-z0-9_<>]+)`", line.split("|")[1]))
+    keys = sorted(key for key in documented if not key.startswith(("loader_", "_")))
+    assert {"resumed_from", "epoch_rank_images_per_s", "epoch_slowest_rank"} <= set(keys)
+    homeless = [key for key in keys if not RunRecord.has_place_for(key)]
+    assert not homeless, f"docs/metrics.md names keys the run record has no place for: {homeless}"
+    assert not RunRecord.has_place_for("images_per_second")

@@ -359,6 +359,13 @@ def per_rank_keys() -> list[str]:
     return [metric.key for metric in METRICS if metric.per_rank]
 
 
+def rank_derived_keys() -> frozenset[str]:
+    """The keys data-parallel runs add beside the catalog's: ``rank_<key>`` for each metric kept
+    by rank, and their per-epoch lists ``epoch_rank_<key>`` and ``epoch_slowest_rank``."""
+    by_rank = [f"rank_{key}" for key in per_rank_keys()]
+    return frozenset(by_rank + [f"epoch_{key}" for key in [*by_rank, "slowest_rank"]])
+
+
 def with_epoch_ranks(run: Mapping[str, Any], epoch: Mapping[str, Any]) -> dict[str, Any]:
     """The run's per-epoch rank lists with ``epoch``'s appended: ``epoch_rank_<key>`` (a list
     by rank for each epoch) for every ``rank_<key>`` the epoch's combined metrics hold, and

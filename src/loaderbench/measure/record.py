@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from loaderbench.measure.metrics import BY_KEY, per_rank_keys
+from loaderbench.measure.metrics import BY_KEY, rank_derived_keys
 
 
 class _Unset:
@@ -53,6 +53,7 @@ class WhatRan:
     crop_stream: str  # which train crops a (seed, epoch, image) gets
     version: str
     checkpoint: Any = UNSET  # eval.py of a trained model: the checkpoint it read
+    resumed_from: Any = UNSET  # train.py resumed: the checkpoint it continued from
 
 
 @dataclass
@@ -120,10 +121,10 @@ SECTION_KEYS = frozenset(item.name for section in SECTIONS for item in dataclass
 
 
 def _figure_key(key: str) -> bool:
-    """A key of the catalog that no section holds, or a rank's own value of one kept by rank."""
+    """A key of the catalog that no section holds, or one data-parallel runs derive from it."""
     if key in SECTION_KEYS:
         return False
-    return key in BY_KEY or (key.startswith("rank_") and key[5:] in per_rank_keys())
+    return key in BY_KEY or key in rank_derived_keys()
 
 
 @dataclass
@@ -151,6 +152,12 @@ class RunRecord:
                 f"section of the run record: {unknown}"
             )
         self.figures.update(figures)
+
+    @staticmethod
+    def has_place_for(key: str) -> bool:
+        """Whether metrics.json may hold ``key``: a section's field, or a figure (not the
+        loaders' own ``loader_<split>_<key>``, which are theirs to name)."""
+        return key in SECTION_KEYS or _figure_key(key)
 
     def add_loader(self, split: str, stats: Mapping[str, Any]) -> None:
         self.loaders.setdefault(split, {}).update(stats)

@@ -381,7 +381,7 @@ def fit(
     path = resume_path(config, session.resumable)
     start = resume(session, training, path) if path else Start()
     if path:
-        yield {"resumed_from": str(path.absolute())}
+        session.record_.what.resumed_from = str(path.absolute())
     meter, window = session.meter(), CpuWindow(session.monitor)
     stop = PreemptionCheck(session.dist.world_size, config.logger.log_every_n_steps)
     # Only a data-parallel job needs every rank to take as many steps.
