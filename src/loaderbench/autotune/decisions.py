@@ -19,7 +19,6 @@ import platform
 import socket
 import time
 from dataclasses import dataclass
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +29,7 @@ from loaderbench.data.discovery import resolve_path
 from loaderbench.imaging import decode
 from loaderbench.loaders import LoaderSpec
 from loaderbench.platform.atomic import atomic_write_text
+from loaderbench.platform.version import installed_versions
 from loaderbench.run.session import Session
 
 log = logging.getLogger(__name__)
@@ -67,15 +67,8 @@ def device_name(device: torch.device) -> str:
 
 
 def library_versions() -> dict[str, str | None]:
-    """Installed versions (None: not installed), read from the packages' metadata: nothing is
-    imported for the key."""
-    versions: dict[str, str | None] = {}
-    for name in LIBRARIES:
-        try:
-            versions[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            versions[name] = None
-    return versions
+    """Installed versions of the libraries a decision depends on (None: not installed)."""
+    return installed_versions(LIBRARIES)
 
 
 def decoding(spec: LoaderSpec) -> str:

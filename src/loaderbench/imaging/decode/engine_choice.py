@@ -21,9 +21,10 @@ import socket
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from importlib import metadata
 from pathlib import Path
 from typing import Any
+
+from loaderbench.platform.version import installed_versions
 
 log = logging.getLogger(__package__)
 
@@ -95,12 +96,7 @@ def cache_folder() -> Path:
 
 def choice_key(gpu: str) -> dict[str, Any]:
     """What the ranking depends on: the machine, the GPU (name, driver) and the libraries."""
-    versions: dict[str, str | None] = {}
-    for name in LIBRARIES:
-        try:
-            versions[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            versions[name] = None
+    versions = installed_versions(LIBRARIES)
     return {
         "version": KEY_VERSION,
         "host": socket.gethostname(),
