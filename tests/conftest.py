@@ -168,13 +168,18 @@ class ProcessInAFastTest(RuntimeError):
 
 
 @pytest.fixture(scope="session", autouse=True)
-def matplotlib_font_cache() -> None:
-    """matplotlib's first import on a machine builds its font cache by running ``fc-list``: done
-    here, once a worker, so the tests that draw (sweep plots, the report) start no process."""
+def first_use_probes() -> None:
+    """What starts a process on its first use in a process, done here once a worker, so that
+    a test meeting it second starts none: matplotlib's font cache (``fc-list``; the sweep plots,
+    the report) and ``platform.processor()`` (``uname -p``; the remembered decisions' keys)."""
+    import platform
+
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.font_manager  # builds the cache
+
+    platform.processor()
 
 
 @pytest.fixture(autouse=True)
