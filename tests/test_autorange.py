@@ -12,8 +12,8 @@ import torch
 
 from loaderbench.measure._spread import window_spread
 from loaderbench.measure.meters import LoopMeter, loop_metrics
+from loaderbench.run._validation import ConfigError, validate_config
 from loaderbench.run.autorange import WindowRule, run_passes
-from loaderbench.run.validation import ConfigError, validate_config
 from tests.helpers import compose_cfg
 
 BATCH_S = 0.1  # the loader's time a batch, on the fake clock

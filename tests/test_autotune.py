@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from loaderbench.autotune import ProbeRow, Workload, model_step, probe
-from loaderbench.autotune.policy import (
+from loaderbench.autotune._policy import (
     Measure,
     choose,
     climb,
@@ -26,7 +26,7 @@ from loaderbench.autotune.policy import (
     to_confirm,
     worker_ladder,
 )
-from loaderbench.autotune.rung import pooled
+from loaderbench.autotune._rung import pooled
 from loaderbench.config.loader import AutotuneSettings
 from loaderbench.measure.process_tree import ProcessTreeMonitor
 from loaderbench.platform.runtime import PRECISIONS, cpus_allowed

@@ -8,7 +8,7 @@ import pytest
 
 from loaderbench.config.loader import AutotuneSettings
 from loaderbench.loaders import loader_names
-from loaderbench.run.validation import ConfigError, validate_config
+from loaderbench.run._validation import ConfigError, validate_config
 from tests.test_config import compose_cfg
 
 

@@ -36,8 +36,8 @@ from loaderbench.platform import distributed
 from loaderbench.platform.distributed import DistInfo
 from loaderbench.platform.runtime import PRECISIONS
 from loaderbench.run._tracking import NullLogger
+from loaderbench.run._validation import validate_config
 from loaderbench.run.session import Session
-from loaderbench.run.validation import validate_config
 from tests.conftest import (
     cpu_spec,
     folder_index,
@@ -231,7 +231,7 @@ def test_a_cold_run_with_auto_evicts_after_the_probe(tiny_root: Path, tmp_path: 
     0's first batches. Evicted after the probe, the files of epoch 0's last two batches are
     out of the page cache when the run ends (evicted before it, the probe read them all back
     in)."""
-    from loaderbench.loaders.base import epoch_permutation
+    from loaderbench.data.order import epoch_permutation
     from loaderbench.platform.pagecache import resident_fraction
 
     # A copy of its own: another test reading the shared set meanwhile would bring it back.

@@ -19,13 +19,13 @@ from torch import nn
 
 from loaderbench.run._elastic import fit_to_checkpoint
 from loaderbench.run._resume_rules import find_resumable
+from loaderbench.run._validation import validate_config
 from loaderbench.run.checkpoint import (
     CHECKPOINT_FILE,
     FORMAT_VERSION,
     CheckpointFormatError,
     load_checkpoint,
 )
-from loaderbench.run.validation import validate_config
 from tests.conftest import read_metrics, run_dirs, run_entry
 from tests.helpers import compose_cfg
 

@@ -7,8 +7,8 @@ from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
 from loaderbench.loaders import loader_names, settings_class
+from loaderbench.run._validation import ConfigError, validate_config
 from loaderbench.run.compose import NAMED_MODELS
-from loaderbench.run.validation import ConfigError, validate_config
 from tests.helpers import CONF, compose_cfg
 
 GROUPS = ["dataset", "loader", "model", "device", "precision", "logger"]

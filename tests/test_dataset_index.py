@@ -170,7 +170,7 @@ def test_a_file_rewritten_in_place_is_read_anew_by_default(
 
 
 def test_an_unknown_index_check_is_an_error_naming_the_key(data: Path) -> None:
-    from loaderbench.run.validation import ConfigError, validate_config
+    from loaderbench.run._validation import ConfigError, validate_config
     from tests.helpers import compose_cfg
 
     cfg = compose_cfg("eval", [f"dataset.root={data}", "dataset.index_check=inodes"])

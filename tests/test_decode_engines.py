@@ -19,7 +19,7 @@ from PIL import Image
 
 from loaderbench.imaging import decode, decoded_by
 from loaderbench.imaging.decode import ENGINES, Engine, EngineRate, NvImageCodecBackend
-from loaderbench.imaging.decode import engine_choice as choice
+from loaderbench.imaging.decode import _engine_choice as choice
 from loaderbench.imaging.decode.engines import is_cpu_huffman, make_decoder, takes
 
 pytest.importorskip("nvidia.nvimgcodec")

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from loaderbench.data.order import shard_indices
 from loaderbench.loaders import file_loader_names
-from loaderbench.loaders.base import shard_indices
 from tests.conftest import (
     REPO,
     finish,
@@ -96,7 +96,7 @@ def assert_validated_the_saved_model(
 
 def rank_share(split, rank: int, batch_size: int = 16, epoch: int = 0) -> list[Path]:
     """The files of ``rank``'s share of a train epoch (of two ranks, seed 0), in order."""
-    from loaderbench.loaders.base import epoch_permutation
+    from loaderbench.data.order import epoch_permutation
 
     order = epoch_permutation(len(split), 0, epoch, shuffle=True)
     mine = shard_indices(order, batch_size, True, rank, 2)
@@ -163,7 +163,7 @@ def test_a_failing_rank_ends_the_job_within_seconds(small_root: Path, tmp_path: 
     import shutil
     import time
 
-    from loaderbench.loaders.base import epoch_permutation
+    from loaderbench.data.order import epoch_permutation
 
     root = tmp_path / "data"
     shutil.copytree(small_root, root)

@@ -22,12 +22,12 @@ import psutil
 import pytest
 import torch
 
+from loaderbench.data.order import training_places
 from loaderbench.data.synthetic import SyntheticSpec, ensure_synthetic
 from loaderbench.loaders import file_loader_names
-from loaderbench.loaders.base import training_places
 from loaderbench.run._elastic import continued_rank_state, per_rank_batch, resumed_epoch
 from loaderbench.run._ledger import SampleLedger
-from loaderbench.run.validation import ConfigError
+from loaderbench.run._validation import ConfigError
 from tests.conftest import (
     finish,
     loader_folder_overrides,

@@ -7,8 +7,8 @@ import threading
 import time
 from collections import Counter
 
-from loaderbench.autotune.policy import GIL_BOUND, keep_climbing
-from loaderbench.autotune.rung import ProbeRow, pooled
+from loaderbench.autotune._policy import GIL_BOUND, keep_climbing
+from loaderbench.autotune._rung import ProbeRow, pooled
 from loaderbench.measure.gil_probe import GilProbe, gil_frac
 from tools.bench.gil_profile import GilRun, group_samples, ms_per_1k
 

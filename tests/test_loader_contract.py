@@ -1,5 +1,5 @@
 """The loader contract, run over the registry: every loader ``loader_names()`` finds, in every
-way it runs on the CPU (its settings' ``contract_variants``), against the same rules, as
+way it runs on the CPU (``conftest.CONTRACT_VARIANTS``), against the same rules, as
 timm's test_models.py runs over ``list_models()``. A new loader (its package and its YAML) is
 tested here with nothing else to add (``test_a_fourth_loader_needs_only_its_package_and_yaml``).
 
@@ -11,8 +11,8 @@ behind by ``close()``; its YAML composes into its typed settings. Each loader's
 own finer points (its tolerances, its cache, its queues) are tested in its own module.
 
 A clause that cannot hold for a loader by design (``loader=resident``, the ceiling, serves one
-made-up batch: no reference pixels, no file to find unreadable) is one its settings name in
-``contract_exemptions``, with the reason; the test then skips it saying so (``pytest -rs``),
+made-up batch: no reference pixels, no file to find unreadable) is one ``EXEMPTIONS`` names,
+with the reason; the test then skips it saying so (``pytest -rs``),
 and every other clause still runs on it.
 """
 
@@ -408,7 +408,7 @@ def test_the_yaml_composes_into_the_loaders_typed_settings(variant) -> None:
     from hydra import compose, initialize_config_dir
 
     import loaderbench.run.compose  # noqa: F401  (registers the schemas the YAML files extend)
-    from loaderbench.run.validation import validate_config
+    from loaderbench.run._validation import validate_config
 
     name, options = variant
     extra = os.environ.get(SEARCHPATH_ENV)

@@ -22,7 +22,7 @@ import torch
 from loaderbench.imaging.files import load_rgb
 from loaderbench.imaging.transforms import pil_val_transform
 from loaderbench.platform.locking import FileLock, try_exclusive
-from loaderbench.platform.locking.kinds import flock_local_only
+from loaderbench.platform.locking._kinds import flock_local_only
 from tests.conftest import REPO, folder_index
 
 SITECUSTOMIZE = """

@@ -1,4 +1,4 @@
-"""One lock kind per folder (``locking/kinds.py``): every process uses the kind recorded in the
+"""One lock kind per folder (``locking/_kinds.py``): every process uses the kind recorded in the
 folder's ``.lockkind`` or fails naming it, and a recorded kind that then fails raises rather
 than falling through to a kind the other processes do not use.
 
@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from loaderbench.platform.locking import FileLock, LockKindError
-from loaderbench.platform.locking.kinds import read_marker
+from loaderbench.platform.locking._kinds import read_marker
 from tests.conftest import REPO
 from tests.test_locking_fallback import simulated_env
 

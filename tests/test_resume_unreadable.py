@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from loaderbench.data.order import epoch_permutation, shard_indices
 from loaderbench.data.synthetic import SyntheticSpec, ensure_synthetic
 from loaderbench.loaders import file_loader_names
-from loaderbench.loaders.base import epoch_permutation, shard_indices
 from tests.conftest import (
     REPO,
     finish,

@@ -39,8 +39,8 @@ from loaderbench.run._resume_rules import (
     changed_kept_keys,
     same_run,
 )
+from loaderbench.run._validation import ConfigError, validate_config
 from loaderbench.run.session import evict_page_cache, prepare_page_cache
-from loaderbench.run.validation import ConfigError, validate_config
 from tests.conftest import folder_index, loader_folders, run_entry, single_run
 from tests.helpers import compose_cfg
 
@@ -277,3 +277,14 @@ def test_an_asked_resume_may_change_all_but_the_keys_that_must_match() -> None:
     assert changed_kept_keys(_config(optim__lr=0.01, epochs=30), saved) == []
     changed = changed_kept_keys(_config(loader__batch_size=64, seed=3), saved)
     assert changed == [("seed", 3, 0), ("loader.batch_size", 64, saved["loader"]["batch_size"])]
+
+
+def test_the_recorded_version_is_pyprojects() -> None:
+    """run_config.json and W&B record ``VERSION``: it must be the version pyproject.toml ships."""
+    import tomllib
+    from pathlib import Path
+
+    from loaderbench.platform.version import VERSION
+
+    pyproject = Path(__file__).resolve().parent.parent / "pyproject.toml"
+    assert VERSION == tomllib.loads(pyproject.read_text())["project"]["version"]

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from loaderbench.data.order import epoch_permutation, shard_indices
 from loaderbench.data.synthetic import SyntheticSpec, ensure_synthetic
 from loaderbench.loaders import file_loader_names
-from loaderbench.loaders.base import epoch_permutation, shard_indices
 from loaderbench.run._records import skipped_counts, skipped_over_ranks
 from tests.conftest import folder_index, loader_folder_overrides, single_run, torchrun
 

@@ -12,13 +12,13 @@ import torch
 from PIL import Image
 
 from loaderbench.data.discovery import Split
+from loaderbench.data.order import epoch_permutation, shard_indices
 from loaderbench.imaging.files import load_rgb
 from loaderbench.imaging.spdl import decoders
 from loaderbench.imaging.spdl.geometry import Geometry
 from loaderbench.imaging.spdl.records import Sample
 from loaderbench.imaging.transforms import pil_val_transform
 from loaderbench.loaders import LoaderSpec, build_loader
-from loaderbench.loaders.base import epoch_permutation, shard_indices
 from loaderbench.loaders.spdl.loader import SpdlLoader, epoch_samples
 from loaderbench.platform.buffers import BatchBuffers
 from tests.conftest import cpu_spec, folder_index, read_metrics, run_dirs, run_entry, single_run

@@ -62,8 +62,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     crop_paths = _default_paths(args.root, args.train_split, args.crop_images)
     crop = measure_crop_limit(crop_paths, args.image_size, args.repeats)
     print(format_limit(crop))
-    report: dict[str, Any] = {"limit": limit.as_dict(), "region_limit": region.as_dict()}
-    report |= {"crop_limit": crop.as_dict(), "runs": {}}
+    report: dict[str, Any] = {"limit": limit.to_json(), "region_limit": region.to_json()}
+    report |= {"crop_limit": crop.to_json(), "runs": {}}
     for path in args.metrics:
         metrics = json.loads(path.read_text())
         label = run_label(path, metrics)

@@ -3,8 +3,8 @@
 ``python -m tools.bench.render [--json bench/report.json] [--out DIR]`` (``make report``)
 re-draws the committed report; ``python -m tools.bench`` measures, writes report.json, then
 calls ``render``. Every figure is computed from the rows, limits and stores in the file; what a
-row is held to comes from the bounds its loader declared (``LoaderSettings.work_bounds``), so
-nothing here knows a loader by name.
+row is held to comes from the bounds table (``tools.bench.work_bounds``), the one place the
+benchmark names a loader.
 """
 
 from __future__ import annotations

@@ -21,10 +21,10 @@ from loaderbench.measure.metrics import IMAGES_PER_S
 SCHEMA_VERSION = 1
 PIPELINES = ("val", "train")
 
-# What bounds a pipeline's work per image (a loader declares its own:
-# ``LoaderSettings.work_bounds``), and the limit each kind names in the report. The first bound
-# of a row is the limit its share is of; further ones are yardsticks the report also sets the
-# row against ("pool": the decode limit's plain thread pool, "region": the region decode limit).
+# What bounds a pipeline's work per image (``tools.bench.work_bounds``, by loader name), and the
+# limit each kind names in the report. The first bound of a row is the limit its share is of;
+# further ones are yardsticks the report also sets the row against ("pool": the decode limit's
+# plain thread pool, "region": the region decode limit).
 LIMIT_NAMES = {"decode": "CPU decode", "copy": "memory copy", "crop": "crop + resize"}
 # Bounds of readers of stored pixels (they decode nothing).
 STORED_PIXELS = ("copy", "crop")
@@ -132,8 +132,6 @@ class DecodeLimit:
             "pool": None if self.pool is None else rate(self.pool),
             **({} if self.without_flips is None else {"without_flips": rate(self.without_flips)}),
         }
-
-    as_dict = to_json  # the name ``python -m tools.bench.limits --json`` has used
 
     @classmethod
     def from_json(cls, data: dict[str, Any] | None) -> DecodeLimit | None:

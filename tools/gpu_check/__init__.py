@@ -10,6 +10,20 @@ decode_bench.py the decoder table: batched JPEG decode, each decoder alone and t
 report.py       report.md from the sweep folders (read by loaderbench.run.folders), the phases,
                 the tests, decode.json and env.json
 markdown.py     the report's cell format (its tables: loaderbench.platform.tables)
+sharing.py      how the GPU's JPEG decoder is best driven (sharing.json)
 plan.py         the projected time of the plan gpu_check.sh walks without running it
 gpu_kit.sh      ``make gpu-kit``: the wheels the GPU machine lacks, in .gpu-kit/
 """
+
+# The face names its modules: the GPU machine runs them one by one, as it is set up.
+__all__ = [
+    "cli",
+    "decode_bench",
+    "decode_rows",
+    "decode_table",
+    "machine",
+    "markdown",
+    "plan",
+    "report",
+    "sharing",
+]

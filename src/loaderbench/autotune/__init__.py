@@ -6,20 +6,22 @@ the best rate, or the fewest whose loop was fed. It changes nothing the run trai
 choice is remembered for the same machine, data and settings. docs/loaders.md
 ("num_workers=auto") says how; docs/design.md why it stops at the first fed count.
 
-* ``policy``: the ladder, when to climb it, the choice (decisions on rows);
-* ``rung``: one count measured; ``probe``: the ladder walked on real loaders;
-* ``model_step``: the run's forward and loss, and what the probe leaves untouched;
-* ``workload``: what each task probes; ``memory``: the probe's peak, apart;
-* ``decisions``: the remembered choices; ``settle``: the entry point.
+Its private modules, behind this face:
+
+* ``_policy``: the ladder, when to climb it, the choice (decisions on rows);
+* ``_rung``: one count measured; ``_probe``: the ladder walked on real loaders;
+* ``_model_step``: the run's forward and loss, and what the probe leaves untouched;
+* ``_workload``: what each task probes; ``_memory``: the probe's peak, apart;
+* ``_decisions``: the remembered choices; ``_settle``: the entry point.
 """
 
-from loaderbench.autotune.decisions import Decision
-from loaderbench.autotune.model_step import ModelStep, model_step
-from loaderbench.autotune.policy import choose, climb, fed_wait, worker_ladder
-from loaderbench.autotune.probe import probe
-from loaderbench.autotune.rung import PROBE_EPOCH, ProbeRow
-from loaderbench.autotune.settle import settle_num_workers
-from loaderbench.autotune.workload import Workload, evaluation_workload, training_workload
+from loaderbench.autotune._decisions import Decision
+from loaderbench.autotune._model_step import ModelStep, model_step
+from loaderbench.autotune._policy import choose, climb, fed_wait, worker_ladder
+from loaderbench.autotune._probe import probe
+from loaderbench.autotune._rung import PROBE_EPOCH, ProbeRow
+from loaderbench.autotune._settle import settle_num_workers
+from loaderbench.autotune._workload import Workload, evaluation_workload, training_workload
 
 __all__ = [
     "PROBE_EPOCH",

@@ -2,7 +2,7 @@
 
 Each loader's package adds its own keys in ``<loader>/settings.py`` (a subclass named
 ``Settings``); Hydra composes ``conf/loader/<loader>.yaml`` against it, and the run turns the
-composed node into that object once (``loaderbench.run.validation``), so a loader receives its
+composed node into that object once (``loaderbench.run._validation``), so a loader receives its
 settings whole and typed, never re-applies a default and never re-checks a range: each
 dataclass checks its keys in ``__post_init__`` (``config.checks``).
 """

@@ -4,7 +4,7 @@
 ``model``, ``device``, ``precision``, ``logger``, ``optim``, ``scheduler``, ``augment``,
 ``train``, ``bench``, ``runtime``). Each dataclass checks its ranges in ``__post_init__``
 (``config.checks``), naming the key; the names a registry knows (optimisers, devices) are
-checked where the registries are, in ``loaderbench.run.validation``. Hydra composes the YAML
+checked where the registries are, in ``loaderbench.run._validation``. Hydra composes the YAML
 against these schemas (registered by ``loaderbench.run.compose``); a loader's own keys live with
 the loader (``loaderbench/loaders/<name>/settings.py``). The defaults of every key are the
 dataclass fields' (the YAML files under ``conf/`` only pick a schema and say what differs).

@@ -1,5 +1,5 @@
 """The data layer: from a config to file lists. Discovery, the dataset index on disk, the splits
-in memory, the generated set, and where a resumed epoch continues.
+in memory, the generated set, the epoch order and its shares, and where a resumed epoch continues.
 
 ``synthetic`` (``python -m loaderbench.data.synthetic``, the generated set) is imported on its
 own: a module run with ``-m`` must not be imported by its package first.
@@ -13,6 +13,7 @@ from loaderbench.data.discovery import (
     scan_image_folder,
     spread_indices,
 )
+from loaderbench.data.order import epoch_permutation, shard_indices, training_places
 from loaderbench.data.resumed import ResumedEpoch
 from loaderbench.data.splits import SPLITS, DatasetIndex, PathTable, Split
 
@@ -24,8 +25,11 @@ __all__ = [
     "ResumedEpoch",
     "Split",
     "discover",
+    "epoch_permutation",
     "parse_wnid",
     "resolve_path",
     "scan_image_folder",
+    "shard_indices",
     "spread_indices",
+    "training_places",
 ]

@@ -15,15 +15,12 @@ import re
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 
+from loaderbench.config.schema import DatasetConfig
 from loaderbench.data._index import MISSING_MTIME, indexed
 from loaderbench.data.splits import SPLITS, DatasetIndex, PathTable, Scanned, Split, stat_files
-
-if TYPE_CHECKING:  # the config imports the loaders, which import this module
-    from loaderbench.config.schema import DatasetConfig
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 # A WordNet ID is a whole name: a class folder "n01440764", or a file name's prefix

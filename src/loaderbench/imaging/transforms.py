@@ -22,7 +22,7 @@ import torch
 from loaderbench.imaging.batch_resize import resize_images_into, resize_rows_into
 from loaderbench.imaging.crops import RRC_RATIO, RRC_SCALE, seeded_crops
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # annotations only: PIL and torchvision load where a loader needs them
     from PIL import Image
     from torchvision.transforms import v2
 

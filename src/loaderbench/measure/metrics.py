@@ -43,7 +43,7 @@ class Metric:
     metrics by ``derive``), ``same`` (every rank holds the same value: what ran, accuracy).
     ``summary``: a column of the sweep summary. ``chart``: its label where the sweep summary and
     W&B chart it. ``epoch_summary``: the W&B summary rule of its ``epoch/<key>`` curve.
-    ``digits``: significant digits in tables (None: as it is). ``per_rank``: each rank's own
+    ``per_rank``: each rank's own
     value is kept too, in the list ``rank_<key>`` (the slowest rank is the one that waited
     longest for data: ``slowest_rank``).
     """
@@ -54,7 +54,6 @@ class Metric:
     summary: bool = False
     chart: str | None = None
     epoch_summary: str | None = None
-    digits: int | None = 4
     derive: Callable[[Mapping[str, Any]], Any] | None = None
     per_rank: bool = False  # also kept by rank, as ``rank_<key>`` (data-parallel runs)
     # Drawn per epoch in W&B, as ``epoch/<key>`` (train.py's epoch rows: ``epoch_curves``).
@@ -76,19 +75,18 @@ def _ceiling_frac(metrics: Mapping[str, Any]) -> float | None:
 
 
 METRICS: tuple[Metric, ...] = (
-    Metric("status", "ok, failed, or running (the run has not ended)", summary=True, digits=None),
-    Metric("loader", "the loader's name", summary=True, digits=None),
+    Metric("status", "ok, failed, or running (the run has not ended)", summary=True),
+    Metric("loader", "the loader's name", summary=True),
     Metric(
         "model",
         "the model's name (none: the loader alone)",
         summary=True,
-        digits=None,
     ),
-    Metric("device", "the device the batches land on", summary=True, digits=None),
-    Metric("batch_size", "images a batch, per rank", summary=True, digits=None),
-    Metric("num_workers", "the worker count the run used", summary=True, digits=None),
+    Metric("device", "the device the batches land on", summary=True),
+    Metric("batch_size", "images a batch, per rank", summary=True),
+    Metric("num_workers", "the worker count the run used", summary=True),
     Metric("autotune_s", "num_workers=auto: the probe's seconds", summary=True),
-    Metric("images", "images the main loop processed", "sum", summary=True, digits=None),
+    Metric("images", "images the main loop processed", "sum", summary=True),
     Metric(
         "images_per_s",
         "steady-state images/s of the main loop, past warm-up and the loader's head start",
@@ -111,7 +109,6 @@ METRICS: tuple[Metric, ...] = (
         "images_per_s_null_reason",
         "why images_per_s is null (no steady window); absent or null where it is a rate",
         summary=True,
-        digits=None,
     ),
     Metric(
         "steady_batches",
@@ -124,7 +121,6 @@ METRICS: tuple[Metric, ...] = (
         "the window's rate's own noise (docs/metrics.md)",
         "max",
         summary=True,
-        digits=2,
     ),
     Metric("passes", "passes over the data that measured the loop (bench.epochs)", summary=True),
     Metric(
@@ -142,13 +138,12 @@ METRICS: tuple[Metric, ...] = (
         summary=True,
         derive=_ceiling_frac,
     ),
-    Metric("ceiling_frac_null_reason", "why ceiling_frac is null", summary=True, digits=None),
+    Metric("ceiling_frac_null_reason", "why ceiling_frac is null", summary=True),
     Metric(
         "ceiling_from",
         "where the ceiling came from: the job's resident pass, the job itself "
         "(loader=resident), or the sweep's resident job",
         summary=True,
-        digits=None,
     ),
     Metric(
         "ttfb_s",
@@ -196,9 +191,8 @@ METRICS: tuple[Metric, ...] = (
         "slowest_rank",
         "data-parallel runs: the rank that waited longest for data (its loader is the slowest)",
         summary=True,
-        digits=None,
     ),
-    Metric("batches", "the auto-tuning probe: batches a count measured", "sum", digits=None),
+    Metric("batches", "the auto-tuning probe: batches a count measured", "sum"),
     Metric("seconds", "the auto-tuning probe: a count's whole rung, the slowest rank's", "max"),
     Metric(
         "peak_rss_mb",
@@ -208,44 +202,39 @@ METRICS: tuple[Metric, ...] = (
         per_rank=True,
     ),
     # Each rank's own only (``rank_cpus``): what its loader could use, beside its data wait.
-    Metric("cpus", "the CPUs a rank may use (runtime.cpus_allowed)", digits=None, per_rank=True),
+    Metric("cpus", "the CPUs a rank may use (runtime.cpus_allowed)", per_rank=True),
     Metric(
         "skipped_files",
         "unreadable image files skipped (``rank_skipped_files``: each rank's own)",
         summary=True,
-        digits=None,
         per_rank=True,
     ),
     Metric(
         "dataset_index_check",
         "how the saved dataset index was found current: files (every file's size and mtime), "
         "folders (dataset.index_check=folders: their mtimes only), scan (scanned in this run)",
-        digits=None,
     ),
     Metric(
         "dataset_files_changed",
         "files the dataset index's check found changed (rewritten in place); read anew",
-        digits=None,
     ),
-    Metric("decoded_by", "what decoded the images, per split", summary=True, digits=None),
+    Metric("decoded_by", "what decoded the images, per split", summary=True),
     Metric("top1", "validation top-1 accuracy (0 to 1)", summary=True),
     Metric("top5", "validation top-5 accuracy (0 to 1)", summary=True),
     Metric("loss", "mean training loss of the last epoch", summary=True),
     Metric("val_loss", "mean validation loss of the last epoch"),
-    Metric("epochs", "epochs run", summary=True, digits=None),
+    Metric("epochs", "epochs run", summary=True),
     Metric(GLOBAL_BATCH, "images a step over every rank (kept on a resume on M ranks)"),
     Metric(
         "epoch_samples",
         "train.py: distinct images trained on in each epoch, over every rank (a list by epoch)",
-        digits=None,
     ),
     Metric(
         "epoch_repeats",
         "train.py: images trained on more than once in each epoch (a list by epoch; 0)",
-        digits=None,
     ),
     Metric("wall_s", "wall seconds of the whole run", summary=True),
-    Metric("error", "why the run failed", summary=True, digits=None),
+    Metric("error", "why the run failed", summary=True),
 )
 BY_KEY: dict[str, Metric] = {metric.key: metric for metric in METRICS}
 
@@ -423,14 +412,3 @@ def straggler_note(metrics: Mapping[str, Any]) -> str | None:
     if differ and not any(differ):
         line += " (look at its node: disk, network, other jobs)"
     return line
-
-
-def format_value(key: str, value: object) -> str:
-    """``value`` as a table cell: declared digits for floats, as-is otherwise."""
-    if value is None:
-        return ""
-    metric = BY_KEY.get(key)
-    digits = metric.digits if metric else 4
-    if isinstance(value, float) and digits is not None:
-        return f"{value:.{digits}g}" if abs(value) < 1000 else f"{value:.0f}"
-    return str(value).replace("|", "\\|").replace("\n", " ")

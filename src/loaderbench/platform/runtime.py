@@ -8,13 +8,12 @@ import os
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
 import torch
 
-if TYPE_CHECKING:
-    from loaderbench.config.schema import DeviceConfig
+from loaderbench.config.schema import DeviceConfig
 
 log = logging.getLogger(__name__)
 

@@ -21,13 +21,13 @@ import numpy as np
 import torch
 
 from loaderbench.config.schema import RunConfig
+from loaderbench.data.order import training_places
 from loaderbench.data.resumed import ResumedEpoch
 from loaderbench.loaders import LoaderSettings
-from loaderbench.loaders.base import training_places
 from loaderbench.measure.metrics import GLOBAL_BATCH
 from loaderbench.run._resume_rules import Resumable
+from loaderbench.run._validation import ConfigError
 from loaderbench.run.checkpoint import check_format
-from loaderbench.run.validation import ConfigError
 
 log = logging.getLogger(__name__)
 

@@ -11,12 +11,10 @@ import os
 import re
 import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
+from loaderbench.config.schema import LoggerConfig
 from loaderbench.measure.metrics import epoch_summaries
-
-if TYPE_CHECKING:
-    from loaderbench.config.schema import LoggerConfig
 
 log = logging.getLogger(__name__)
 

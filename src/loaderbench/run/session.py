@@ -76,8 +76,8 @@ from loaderbench.run._records import (
 )
 from loaderbench.run._resume_rules import Resumable, find_resumable, note_fresh_start
 from loaderbench.run._tracking import NullLogger, RunLogger, build_logger
+from loaderbench.run._validation import validate_against_dataset, validate_config
 from loaderbench.run.sweeps import job_name, sweep_group, swept_keys
-from loaderbench.run.validation import validate_against_dataset, validate_config
 
 log = logging.getLogger(__name__)
 

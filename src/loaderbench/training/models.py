@@ -3,15 +3,12 @@
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
+from loaderbench.config.schema import ModelConfig
 from loaderbench.imaging.transforms import normalize_uint8
-
-if TYPE_CHECKING:
-    from loaderbench.config.schema import ModelConfig
 
 log = logging.getLogger(__name__)
 

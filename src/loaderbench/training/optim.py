@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
-if TYPE_CHECKING:
-    from loaderbench.config.schema import OptimConfig, SchedulerConfig
+from loaderbench.config.schema import OptimConfig, SchedulerConfig
 
 
 def _param_groups(model: nn.Module, weight_decay: float) -> list[dict]:

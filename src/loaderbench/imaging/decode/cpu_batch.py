@@ -131,7 +131,7 @@ def warm_up() -> None:
     calls), when the loader is built rather than in its first batch."""
     if not available():
         return
-    from loaderbench.imaging.decode.choice import _tiny_jpeg
+    from loaderbench.imaging.decode._choice import _tiny_jpeg
 
     data = _tiny_jpeg()
     out = torch.empty((1, 3, 8, 8), dtype=torch.uint8)

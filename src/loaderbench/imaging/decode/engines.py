@@ -20,11 +20,11 @@ from dataclasses import dataclass
 from typing import Any
 
 # Fancy (interpolating) chroma upsampling is libjpeg's and so Pillow's: asked for explicitly, as
-# some releases of the Python binding default to ``:fancy_upsampling=0`` (119 grey levels off
-# Pillow at worst, mean 1.16, on the H200). nvImageCodec 0.9's nvJPEG decoders refuse a region of
-# a 4:2:0 or 4:2:2 JPEG with fancy upsampling on nvJPEG older than 13.2 unless
-# ``enable_roi_fancy_upsampling=1`` (libnvjpeg_ext.so 0.9.0): enabled, a box's outermost pixel's
-# chroma being the price (the resize to the model's size blends it).
+# some releases of the Python binding default to ``:fancy_upsampling=0`` (far off Pillow's
+# pixels: docs/measurements.md, "Figures moved from the comments"). nvImageCodec 0.9's nvJPEG
+# decoders refuse a region of a 4:2:0 or 4:2:2 JPEG with fancy upsampling on nvJPEG older than
+# 13.2 unless ``enable_roi_fancy_upsampling=1`` (libnvjpeg_ext.so 0.9.0): enabled, a box's
+# outermost pixel's chroma being the price (the resize to the model's size blends it).
 FANCY_UPSAMPLING = ":fancy_upsampling=1"
 NVJPEG_DECODER_IDS = ("nvjpeg_cuda_decoder", "nvjpeg_hw_decoder")
 ROI_FANCY = tuple(f"{decoder}:enable_roi_fancy_upsampling=1" for decoder in NVJPEG_DECODER_IDS)

@@ -43,8 +43,8 @@ from loaderbench.imaging.spdl.records import (
 from loaderbench.platform.buffers import BatchBuffers
 
 # FFmpeg's scaler: bilinear, widened when shrinking like PIL's antialiased filter. Interpolating
-# chroma at full resolution brings its colours closer to libjpeg's (mean |diff| from PIL's
-# 0.92 grey levels instead of 1.30, measured) for ~6% more decode time.
+# chroma at full resolution brings its colours closer to libjpeg's for a few per cent more
+# decode time (docs/measurements.md, "Figures moved from the comments").
 FFMPEG_SCALE_FLAGS = "bilinear+full_chroma_int"
 # Fail on a damaged stream (truncated file) instead of returning a half-grey image; PIL and
 # libjpeg-turbo refuse those too.

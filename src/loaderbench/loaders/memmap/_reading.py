@@ -47,7 +47,7 @@ class ReadingThreads(Generic[T]):
         self.depth = depth
         self._read, self._order = read, order
         # One core per reading thread: the threads are the parallelism, and a resize that also
-        # forks torch's intra-op team waits on descheduled teammates (~10x slower when busy).
+        # forks torch's intra-op team waits on descheduled teammates when the cores are busy.
         self._pool = ThreadPoolExecutor(
             max_workers=workers,
             thread_name_prefix="memmap-loader",

@@ -33,7 +33,7 @@ class _RawRows:
         rows = self.parts.gather_pool.take(len(indices))
         # numpy's take: one memcpy per row, GIL released, single-threaded. torch.index_select
         # does the same work but through intra-op threads, which on a busy machine wait on each
-        # other (2-10x slower when the cores are shared); mode="clip" writes straight to `out`.
+        # other (docs/measurements.md, "memmap: the gather"); mode="clip" writes to `out`.
         np.take(self.images_np, indices.numpy(), axis=0, out=rows.numpy(), mode="clip")
         # Train rows are stored channels-last: this is an NCHW view of them, not a copy.
         return rows.permute(0, 3, 1, 2) if self.channels_last else rows

@@ -21,8 +21,8 @@ from loaderbench.loaders.memmap.build import (
     run_chunks,
 )
 
-# What JPEG at quality 90-95 keeps of raw pixels, for the space check before a build; measured
-# on the synthetic set: 6-14%; photos keep more.
+# What JPEG at quality 90-95 keeps of raw pixels, for the space check before a build: above
+# what photos keep (docs/measurements.md, "Figures moved from the comments").
 JPEG_BYTES_ESTIMATE = 0.25
 # The bytes as the build appends them; renamed to the data field's file at its end.
 BYTES_FILE = "jpeg-bytes.tmp"

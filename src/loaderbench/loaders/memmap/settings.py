@@ -21,21 +21,21 @@ class Settings(LoaderSettings):
     # at load time. 1.5: a 4:3 image keeps a short side of 1.125 x image_size.
     train_store_ratio: float = 1.5
     # ... and at least this many pixels: at small image sizes, crops from a store barely larger
-    # than the input are blurrier than torchvision's crops from the full image (measured: top1
-    # 9.7 points lower at 64 px with a 96 px store, 2.7 with 192 px), and storage is cheap.
+    # than the input are blurrier than torchvision's crops from the full image, and storage is
+    # cheap (the top-1 it costs: docs/measurements.md, "Figures moved from the comments").
     train_store_min_side: int = 192
     # How train images are stored: raw (decoded uint8 pixels; a batch is a gather, nothing to
     # decode) or jpeg (re-encoded JPEG bytes in one flat byte tensor, decoded per batch by the
     # reading threads: a fraction of raw's bytes, for data sets whose raw store would not fit).
     store: str = "raw"
     # The same for val, raw by default: the exact reference crop. A JPEG of the small final
-    # crop carries its artifacts at full strength (measured: top1 7 points lower at 64 px),
-    # while train crops are shrunk from a larger stored image; and val is 4% of ImageNet.
+    # crop carries its artifacts at full strength, while train crops are shrunk from a larger
+    # stored image; and val is 4% of ImageNet.
     val_store: str = "raw"
     # The stored long side of train images (null: the train_store_ratio / min_side rule).
     store_max_side: int | None = None
-    # JPEG quality of the jpeg store (1-100). 95, not the usual 90: on the default recipe over
-    # six seeds, q90 cost 3.1 points of top1 against raw, q95 0.3, for ~1.5x q90's bytes.
+    # JPEG quality of the jpeg store (1-100). 95, not the usual 90: 90 costs top-1 against raw
+    # that 95 does not, for ~1.5x its bytes (docs/measurements.md, "The memmap JPEG store").
     store_quality: int = 95
 
     @classmethod

@@ -7,7 +7,7 @@ import sys
 import time
 from pathlib import Path
 
-from loaderbench.platform.locking.kinds import Held, LockKindError, acquire
+from loaderbench.platform.locking._kinds import Held, LockKindError, acquire
 
 
 class FileLock:

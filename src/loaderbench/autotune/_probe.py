@@ -8,10 +8,10 @@ import logging
 import time
 from typing import Any
 
-from loaderbench.autotune.model_step import random_states_untouched
-from loaderbench.autotune.policy import climb, worker_ladder
-from loaderbench.autotune.rung import ProbeRow, Window, measure_rung, over_ranks, with_workers
-from loaderbench.autotune.workload import Workload
+from loaderbench.autotune._model_step import random_states_untouched
+from loaderbench.autotune._policy import climb, worker_ladder
+from loaderbench.autotune._rung import ProbeRow, Window, measure_rung, over_ranks, with_workers
+from loaderbench.autotune._workload import Workload
 from loaderbench.config.loader import AutotuneSettings
 from loaderbench.loaders import prepare_loader
 from loaderbench.measure.process_tree import ProcessTreeMonitor

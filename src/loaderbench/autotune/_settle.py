@@ -9,8 +9,7 @@ import logging
 import time
 from pathlib import Path
 
-from loaderbench.autotune._memory import memory_apart
-from loaderbench.autotune.decisions import (
+from loaderbench.autotune._decisions import (
     FILE_PREFIX,
     Decision,
     decision_folder,
@@ -19,9 +18,10 @@ from loaderbench.autotune.decisions import (
     load_decision,
     save_decision,
 )
-from loaderbench.autotune.policy import choose
-from loaderbench.autotune.probe import prepare_splits, probe
-from loaderbench.autotune.workload import Workload
+from loaderbench.autotune._memory import memory_apart
+from loaderbench.autotune._policy import choose
+from loaderbench.autotune._probe import prepare_splits, probe
+from loaderbench.autotune._workload import Workload
 from loaderbench.measure.metrics import IMAGES_PER_S
 from loaderbench.platform import distributed
 from loaderbench.platform.runtime import cpus_allowed, set_intra_op_threads

@@ -22,16 +22,16 @@ from typing import Any
 import torch
 
 from loaderbench.imaging import decoded_by
-from loaderbench.imaging.decode.base import Box, Capabilities, Decoded, JpegBackend, check_box
-from loaderbench.imaging.decode.engine_choice import (
+from loaderbench.imaging.decode._base import Box, Capabilities, Decoded, JpegBackend, check_box
+from loaderbench.imaging.decode._engine_choice import (
     EngineRate,
     rank,
     remembered_rates,
     sample_jpegs,
     time_engine,
 )
+from loaderbench.imaging.decode._pil import decode_pil
 from loaderbench.imaging.decode.engines import ENGINES, Engine, engines_for, make_decoder, takes
-from loaderbench.imaging.decode.pil import decode_pil
 
 # The package's logger, the name users filter decoding's lines by.
 log = logging.getLogger(__package__)

@@ -19,11 +19,11 @@ from collections.abc import Sequence
 import torch
 
 from loaderbench.imaging import decoded_by
-from loaderbench.imaging.decode.base import CPU, Box, Decoded, JpegBackend
-from loaderbench.imaging.decode.nvimgcodec import NvImageCodecBackend
-from loaderbench.imaging.decode.pil import PilBackend
-from loaderbench.imaging.decode.torchcodec import TorchCodecBackend
-from loaderbench.imaging.decode.torchvision import TorchvisionBackend
+from loaderbench.imaging.decode._base import CPU, Box, Decoded, JpegBackend
+from loaderbench.imaging.decode._nvimgcodec import NvImageCodecBackend
+from loaderbench.imaging.decode._pil import PilBackend
+from loaderbench.imaging.decode._torchcodec import TorchCodecBackend
+from loaderbench.imaging.decode._torchvision import TorchvisionBackend
 
 # The package's logger, the name users filter the "does not work here" lines by.
 log = logging.getLogger(__package__)

@@ -174,7 +174,9 @@ def _free(path: Path, judges: dict[Path, SoftFileLease]) -> bool:
         log.warning("lock record %s removed: no heartbeat for %.0f s", path, behind)
         path.unlink(missing_ok=True)
         return True
-    if not _take(judge := judges.setdefault(path, lease(path))):  # kept: it watches the age
+    if path not in judges:  # kept: it watches the record's age from one look to the next
+        judges[path] = lease(path)
+    if not _take(judge := judges[path]):
         return False
     judge.release()
     return True

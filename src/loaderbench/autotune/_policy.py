@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from loaderbench.autotune.rung import ProbeRow, pooled
+from loaderbench.autotune._rung import ProbeRow, pooled
 from loaderbench.config.loader import AutotuneSettings
 
 # A count's row measured, and whether the probe still has time after it.

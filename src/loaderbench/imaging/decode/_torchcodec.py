@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from loaderbench.imaging.decode.base import Capabilities, JpegBackend
+from loaderbench.imaging.decode._base import Capabilities, JpegBackend
 
 
 class TorchCodecBackend(JpegBackend):

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from loaderbench.autotune.rung import ProbeRow
+from loaderbench.autotune._rung import ProbeRow
 from loaderbench.data.discovery import resolve_path
 from loaderbench.imaging import decode
 from loaderbench.loaders import LoaderSpec
@@ -139,8 +139,7 @@ def decision_folder(session: Session) -> Path | None:
     """Where choices are remembered: the loader's first folder where it declares one (memmap:
     its cache, ``LoaderSettings.folders``), else the dataset index's (``dataset.index_dir``);
     None (nothing remembered) when that is null."""
-    config = session.config
-    folder = next(iter(config.loader.folders()), None) or config.dataset.index_dir
+    folder = next(iter(session.loader.folders()), None) or session.config.dataset.index_dir
     return resolve_path(folder) if folder else None
 
 

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 import torch
 
 from loaderbench.imaging import decoded_by
-from loaderbench.imaging.decode.base import Box, Capabilities, Decoded, JpegBackend, check_box
+from loaderbench.imaging.decode._base import Box, Capabilities, Decoded, JpegBackend, check_box
 
 
 class PilBackend(JpegBackend):

@@ -8,7 +8,7 @@ from typing import Any
 
 from torch import nn
 
-from loaderbench.autotune.model_step import ModelStep, model_step
+from loaderbench.autotune._model_step import ModelStep, model_step
 from loaderbench.loaders import LoaderSpec
 from loaderbench.run.session import Session
 

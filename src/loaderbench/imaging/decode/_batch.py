@@ -18,8 +18,8 @@ from typing import TypeVar
 
 import torch
 
-from loaderbench.imaging.decode.base import Box, Decoded
-from loaderbench.imaging.decode.choice import decode_batch
+from loaderbench.imaging.decode._base import Box, Decoded
+from loaderbench.imaging.decode._choice import decode_batch
 
 T = TypeVar("T")
 
