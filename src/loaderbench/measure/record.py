@@ -25,6 +25,7 @@ class _Unset:
         return "UNSET"
 
 
+# Typed Any, so that a field keeps its own type (``world_size: int = UNSET``) and may be unset.
 UNSET: Any = _Unset()
 
 
@@ -52,20 +53,20 @@ class WhatRan:
     seed: int
     crop_stream: str  # which train crops a (seed, epoch, image) gets
     version: str
-    checkpoint: Any = UNSET  # eval.py of a trained model: the checkpoint it read
-    resumed_from: Any = UNSET  # train.py resumed: the checkpoint it continued from
+    checkpoint: str = UNSET  # eval.py of a trained model: the checkpoint it read
+    resumed_from: str = UNSET  # train.py resumed: the checkpoint it continued from
 
 
 @dataclass
 class Placement:
     """Where and how wide the run ran: its ranks, its settled batch and workers, torch's threads."""
 
-    world_size: Any = UNSET
-    batch_size: Any = UNSET
-    global_batch: Any = UNSET
-    num_workers: Any = UNSET
-    intra_op_threads: Any = UNSET
-    intra_op_threads_source: Any = UNSET
+    world_size: int = UNSET
+    batch_size: int = UNSET
+    global_batch: int = UNSET
+    num_workers: int = UNSET
+    intra_op_threads: int = UNSET
+    intra_op_threads_source: str = UNSET
 
 
 @dataclass
@@ -77,21 +78,21 @@ class DataSetFacts:
     val_size: int
     dataset_root: str
     dataset_index_check: str
-    dataset_files_changed: Any
-    page_cache: Any = UNSET
-    requeues: Any = UNSET  # train.py: the times SLURM requeued the job before this run
+    dataset_files_changed: int
+    page_cache: str = UNSET
+    requeues: int = UNSET  # train.py: the times SLURM requeued the job before this run
 
 
 @dataclass
 class AutotuneFacts:
     """``loader.num_workers=auto``'s probe (or the remembered choice it reused)."""
 
-    autotune_s: Any = UNSET
-    autotune_key: Any = UNSET
-    autotune_peak_rss_mb: Any = UNSET
-    autotune_reused: Any = UNSET
-    autotune_probe: Any = UNSET
-    autotune_rank_workers: Any = UNSET
+    autotune_s: float = UNSET
+    autotune_key: str = UNSET
+    autotune_peak_rss_mb: float = UNSET
+    autotune_reused: bool = UNSET
+    autotune_probe: list[dict[str, Any]] = UNSET
+    autotune_rank_workers: list[int] = UNSET
 
 
 @dataclass
@@ -101,7 +102,7 @@ class CeilingFacts:
     ceiling_images_per_s: float | None = None
     ceiling_frac: float | None = None
     ceiling_frac_null_reason: str | None = None
-    ceiling_from: Any = UNSET
+    ceiling_from: str = UNSET
 
 
 @dataclass
@@ -109,9 +110,9 @@ class Ending:
     """How the run ended, and what it held at the end."""
 
     status: str = "running"
-    error: Any = UNSET
-    wall_s: Any = UNSET
-    pinned_host_peak_mb: Any = UNSET  # CUDA runs: the peak of torch's pinned host memory
+    error: str = UNSET
+    wall_s: float = UNSET
+    pinned_host_peak_mb: float = UNSET  # CUDA runs: the peak of torch's pinned host memory
     skipped_files: int = 0
 
 
