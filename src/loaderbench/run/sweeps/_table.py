@@ -17,7 +17,9 @@ from loaderbench.measure.metrics import (
     CEILING_FRAC,
     CPU_S_PER_1K_IMAGES,
     DATA_WAIT_FRAC,
+    IMAGES_PER_S,
     NULL_REASON,
+    PEAK_RSS_MB,
     SLOWEST_RANK_WAIT,
     SPREAD,
     TOP1,
@@ -60,7 +62,7 @@ def lead_columns(ranking: Ranking) -> list[Column]:
     columns: list[Column] = [("rank", "rank", _text), ("job", "job", _text)]
     columns += [(key, key, _text) for key in ranking.keys]
     columns += [
-        ("images_per_s", "images/s", _number(4)),
+        (IMAGES_PER_S, "images/s", _number(4)),
         (SPREAD, "spread", _spread),
         ("lead", "lead over the next", _lead),
     ]
@@ -138,7 +140,7 @@ def workers_section(choice: WorkersChoice) -> str:
             _spread(row.get(SPREAD)),
             _share(rate(row) / rate(best)),
             _number(3)(row.get(CPU_S_PER_1K_IMAGES)),
-            _number(4)(row.get("peak_rss_mb")),
+            _number(4)(row.get(PEAK_RSS_MB)),
         ]
         for row in choice.rows
     ]

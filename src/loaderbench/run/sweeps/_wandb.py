@@ -7,7 +7,14 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from loaderbench.measure.metrics import NULL_REASON, SPREAD, charted
+from loaderbench.measure.metrics import (
+    CPU_S_PER_1K_IMAGES,
+    IMAGES_PER_S,
+    NULL_REASON,
+    PEAK_RSS_MB,
+    SPREAD,
+    charted,
+)
 from loaderbench.run.sweeps._identity import sweep_group
 from loaderbench.run.sweeps._plot import numeric, series_name, x_axis
 from loaderbench.run.sweeps._summary import SweepSummary
@@ -49,10 +56,10 @@ def log_summary_run(config: DictConfig, sweep_dir: Path, summary: SweepSummary) 
     for choice in ranking.workers:
         columns = [
             "num_workers",
-            "images_per_s",
+            IMAGES_PER_S,
             SPREAD,
-            "cpu_s_per_1k_images",
-            "peak_rss_mb",
+            CPU_S_PER_1K_IMAGES,
+            PEAK_RSS_MB,
             "workers_choice",
         ]
         name = f"workers_table/{choice.group}" if choice.group else "workers_table"
@@ -75,7 +82,7 @@ def summary_values(ranking) -> dict[str, object]:
     }
     if ranking.ranked:
         best = ranking.ranked[0]
-        values.update(best_job=str(best["job"]), best_images_per_s=best.get("images_per_s"))
+        values.update(best_job=str(best["job"]), best_images_per_s=best.get(IMAGES_PER_S))
     for a, b, ratio in ranking.loader_leads():
         values[f"lead/{a.get('loader')}_over_{b.get('loader')}"] = ratio
     for choice in ranking.workers:
