@@ -39,6 +39,7 @@ from tests.conftest import (
     single_run,
     torchrun,
 )
+from tests.in_process import run_here
 
 FP32 = PRECISIONS["fp32"][0]
 # A short window: the sleeping decode and model make every rate regular.
@@ -362,7 +363,7 @@ def test_a_run_with_auto_trains_what_the_chosen_count_trains(
     assert wandb_table["columns"][:3] == ["workers", "images_per_s", "data_wait_frac"]
     assert [r[0] for r in wandb_table["data"]] == [r["workers"] for r in table]
 
-    run_entry("train.py", *common, f"loader.num_workers={chosen}", "logger=none", cwd=pinned_cwd)
+    run_here("train.py", *common, f"loader.num_workers={chosen}", "logger=none", cwd=pinned_cwd)
     pinned_dir, pinned = single_run(pinned_cwd, "train")
     assert pinned["num_workers"] == chosen and pinned["num_workers_auto"] is False
     assert "autotune_probe" not in pinned
@@ -413,9 +414,9 @@ def test_the_choice_is_remembered_and_probed_again_when_its_key_changes(
     def run(name: str, *more: str) -> tuple[dict, str]:
         cwd = tmp_path / name
         cwd.mkdir()
-        proc = run_entry("eval.py", *base, *more, cwd=cwd)
+        run_here("eval.py", *base, *more, cwd=cwd)
         (run_dir,) = run_dirs(cwd, "eval")
-        return read_metrics(run_dir), proc.stdout + proc.stderr
+        return read_metrics(run_dir), (run_dir / "eval.log").read_text()
 
     first, _ = run("first")
     assert first["autotune_reused"] is False and first["autotune_probe"]

@@ -22,6 +22,7 @@ from tests.conftest import (
     run_entry,
     single_run,
 )
+from tests.in_process import run_here
 from tests.wandb_offline import offline_runs
 
 QUICK = [
@@ -110,7 +111,7 @@ def test_resident_runs_through_train_and_eval(small_root: Path, tmp_path: Path) 
     its ceiling is its own rate (ceiling_frac 1), and model=none states why it has none."""
     for name in ("train", "eval", "alone"):
         (tmp_path / name).mkdir()
-    run_entry(
+    run_here(
         "train.py",
         f"dataset.root={small_root}",
         "loader=resident",
@@ -124,7 +125,7 @@ def test_resident_runs_through_train_and_eval(small_root: Path, tmp_path: Path) 
     assert metrics["images"] == (160 // 16) * 16 and metrics["steady_batches"] > 0
     assert metrics["ceiling_frac"] == 1.0 and "loader=resident" in metrics["ceiling_from"]
     assert 0.0 <= metrics["top1"] <= 1.0
-    run_entry(
+    run_here(
         "eval.py",
         f"dataset.root={small_root}",
         "loader=resident",
@@ -137,7 +138,7 @@ def test_resident_runs_through_train_and_eval(small_root: Path, tmp_path: Path) 
     _, evaluated = single_run(tmp_path / "eval", "eval")
     assert evaluated["status"] == "ok" and evaluated["images"] == 40 * evaluated["passes"]
     assert evaluated["ceiling_frac"] == 1.0
-    run_entry(
+    run_here(
         "eval.py",
         f"dataset.root={small_root}",
         "loader=resident",
@@ -164,7 +165,7 @@ def test_a_jobs_resident_pass_states_ceiling_frac_and_leaves_the_weights_alone(
     (tmp_path / "with").mkdir()
     (tmp_path / "without").mkdir()
     run_entry("train.py", *common, cwd=tmp_path / "with")
-    run_entry(
+    run_here(
         "train.py", *common, "bench.ceiling_batches=0", "logger=none", cwd=tmp_path / "without"
     )
     with_dir, held = single_run(tmp_path / "with", "train")
@@ -193,7 +194,7 @@ def test_a_sweeps_summary_holds_each_row_to_the_sweeps_resident_job(
 ) -> None:
     """memmap and resident in one sweep (no job's own pass): the memmap row's ceiling is the
     resident job's rate at the same settings, in summary.csv and summary.md."""
-    run_entry(
+    run_here(
         "train.py",
         "--multirun",
         f"dataset.root={small_root}",

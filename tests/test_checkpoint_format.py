@@ -28,6 +28,7 @@ from loaderbench.run.checkpoint import (
 )
 from tests.conftest import read_metrics, run_dirs, run_entry
 from tests.helpers import compose_cfg
+from tests.in_process import run_here
 
 CLASSES = ["n01440764", "n01443537", "n01484850"]
 
@@ -163,7 +164,7 @@ def test_train_and_eval_refuse_a_real_format_3_checkpoint(tiny_root: Path, tmp_p
         "bench.ceiling_batches=0",
     ]
     (tmp_path / "a").mkdir()
-    run_entry("train.py", *common, "epochs=2", "train.stop_after_epochs=1", cwd=tmp_path / "a")
+    run_here("train.py", *common, "epochs=2", "train.stop_after_epochs=1", cwd=tmp_path / "a")
     (first,) = run_dirs(tmp_path / "a", "train")
     state = torch.load(first / CHECKPOINT_FILE, weights_only=True)
     for key in ("global_batch", "order_base", "ledger"):

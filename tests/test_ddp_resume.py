@@ -28,6 +28,7 @@ from tests.conftest import (
     start_torchrun,
     torchrun,
 )
+from tests.in_process import run_here
 
 # One xdist worker runs the module: its uninterrupted 2-rank runs (a module fixture) are
 # made once, not per worker.
@@ -186,7 +187,7 @@ def test_a_resume_that_would_change_the_run_is_refused_naming_the_key(
         "loader.num_workers=0",
         "epochs=2",
     ]
-    run_entry("train.py", *common, "train.stop_after_epochs=1", cwd=tmp_path)
+    run_here("train.py", *common, "train.stop_after_epochs=1", cwd=tmp_path)
     (run_dir,) = run_dirs(tmp_path, "train")
     resume = ["train.resume=true", f"checkpoint={run_dir / 'checkpoint.pt'}"]
 

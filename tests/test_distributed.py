@@ -22,10 +22,10 @@ from tests.conftest import (
     loader_folder_overrides,
     read_metrics,
     run_dirs,
-    run_entry,
     single_run,
     torchrun,
 )
+from tests.in_process import run_here
 
 
 def test_shard_indices_cover_the_epoch_once() -> None:
@@ -77,7 +77,7 @@ def assert_validated_the_saved_model(
     reported (reduced over its ranks)."""
     eval_cwd = tmp_path / "eval"
     eval_cwd.mkdir()
-    run_entry(
+    run_here(
         "eval.py",
         f"checkpoint={run_dir / 'checkpoint.pt'}",
         f"dataset.root={root}",

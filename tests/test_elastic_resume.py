@@ -32,10 +32,10 @@ from tests.conftest import (
     finish,
     loader_folder_overrides,
     read_metrics,
-    run_entry,
     start_torchrun,
     torchrun,
 )
+from tests.in_process import run_here
 
 # 44 train images, a global batch of 8 (2 ranks x 4, or 1 x 8): 5 steps an epoch, and the 4
 # images past the last whole global batch are left out of every epoch, at any rank count.
@@ -148,7 +148,7 @@ def same_as_uninterrupted(
     whole = tmp_path / "whole"
     whole.mkdir()
     recipe = [a for a in RECIPE if not a.startswith("loader.batch_size=")]
-    run_entry(
+    run_here(
         "train.py",
         *recipe,
         f"loader={loader}",

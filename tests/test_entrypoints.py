@@ -11,6 +11,7 @@ import torch
 
 from loaderbench.loaders import file_loader_names
 from tests.conftest import read_metrics, run_dirs, run_entry, single_run
+from tests.in_process import run_here
 from tests.wandb_offline import offline_runs
 
 # One xdist worker runs the module: its trained run (a module fixture) is made once, not per worker.
@@ -106,7 +107,7 @@ def test_eval_reproduces_train_top1(
     trained: tuple[Path, dict], small_root: Path, tmp_path: Path
 ) -> None:
     run_dir, train_metrics = trained
-    run_entry(
+    run_here(
         "eval.py",
         f"checkpoint={run_dir / 'checkpoint.pt'}",
         f"dataset.root={small_root}",
@@ -128,7 +129,7 @@ def test_every_loader_gives_the_same_top1_from_one_checkpoint(
     torchvision's val crop, spdl's turbo decoder matches it to a grey level): top1 within one
     image."""
     run_dir, _ = trained
-    run_entry(
+    run_here(
         "eval.py",
         "--multirun",
         f"loader={','.join(file_loader_names())}",
@@ -145,7 +146,7 @@ def test_every_loader_gives_the_same_top1_from_one_checkpoint(
 
 
 def test_eval_model_none_measures_the_loader(small_root: Path, tmp_path: Path) -> None:
-    run_entry(
+    run_here(
         "eval.py",
         "model=none",
         f"dataset.root={small_root}",
@@ -161,7 +162,7 @@ def test_eval_model_none_measures_the_loader(small_root: Path, tmp_path: Path) -
 
 
 def test_train_model_none_runs_the_train_pipeline(tiny_root: Path, tmp_path: Path) -> None:
-    run_entry(
+    run_here(
         "train.py",
         "model=none",
         f"dataset.root={tiny_root}",

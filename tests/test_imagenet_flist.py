@@ -22,9 +22,9 @@ from tests.conftest import (
     folder_index,
     loader_folders,
     rewrite_in_place,
-    run_entry,
     single_run,
 )
+from tests.in_process import run_here
 
 pytestmark = pytest.mark.filterwarnings(
     "ignore:The image decoding and encoding capabilities of TorchVision:DeprecationWarning"
@@ -137,7 +137,7 @@ def test_eval_py_runs_on_imagenet_file_lists(
     tiny_root: Path, tmp_path: Path, loader_name: str
 ) -> None:
     train_list, val_list = write_file_lists(tiny_root, tmp_path)
-    run_entry(
+    run_here(
         "eval.py",
         "model=none",
         "dataset=imagenet_flist",

@@ -23,7 +23,8 @@ from loaderbench.imaging.transforms import (
 )
 from loaderbench.loaders import build_loader
 from loaderbench.loaders.memmap.loader import MemmapLoader, store_batches
-from tests.conftest import cpu_spec, folder_index, read_metrics, run_dirs, run_entry, single_run
+from tests.conftest import cpu_spec, folder_index, read_metrics, run_dirs, single_run
+from tests.in_process import run_here
 
 SIZE = 32  # model input size in these tests; train images are stored with a long side of 48
 
@@ -335,7 +336,7 @@ def test_train_py_trains_with_loader_memmap_then_reuses_the_cache(
         "loader.batch_size=8",
         "loader.num_workers=1",
     ]
-    run_entry("train.py", *quick, "epochs=1", "model.name=test_resnet", cwd=tmp_path)
+    run_here("train.py", *quick, "epochs=1", "model.name=test_resnet", cwd=tmp_path)
     _, metrics = single_run(tmp_path, "train")
     assert metrics["status"] == "ok" and metrics["loader"] == "memmap"
     assert metrics["images"] == 24 // 8 * 8 and metrics["epochs"] == 1
@@ -355,7 +356,7 @@ def test_train_py_trains_with_loader_memmap_then_reuses_the_cache(
     assert sorted(name.split("-")[0] for name in caches) == ["train", "val"]
 
     # The next run finds the cache and reads it as it is.
-    run_entry("train.py", *quick, "model=none", "bench.epochs=2", cwd=tmp_path)
+    run_here("train.py", *quick, "model=none", "bench.epochs=2", cwd=tmp_path)
     dirs = run_dirs(tmp_path, "train")
     assert len(dirs) == 2
     metrics = read_metrics(dirs[-1])

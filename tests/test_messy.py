@@ -25,6 +25,7 @@ from tests.conftest import (
     single_run,
 )
 from tests.helpers import photo
+from tests.in_process import run_here
 
 pytestmark = pytest.mark.slow
 
@@ -110,7 +111,7 @@ VALID_VAL = 8 + len(ODD)
 def test_every_loader_skips_and_counts_broken_files(
     loader: str, messy_root: Path, tmp_path: Path
 ) -> None:
-    run_entry("eval.py", *messy_eval(loader, messy_root, tmp_path), cwd=tmp_path)
+    run_here("eval.py", *messy_eval(loader, messy_root, tmp_path), cwd=tmp_path)
     _, metrics = single_run(tmp_path, "eval")
     assert metrics["status"] == "ok"
     assert metrics["images"] == VALID_VAL * metrics["passes"]

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from loaderbench.platform.pagecache import evict, files_under, resident_fraction
-from tests.conftest import run_entry, single_run
+from tests.conftest import single_run
+from tests.in_process import run_here
 
 
 def test_evict_drops_a_file_from_the_page_cache(tmp_path: Path) -> None:
@@ -35,7 +36,7 @@ def test_cold_run_evicts_the_dataset_first(tiny_root: Path, tmp_path: Path) -> N
     for path in train_files:
         path.read_bytes()
     assert min(resident_fraction(p) for p in train_files) > 0.9  # warm before the run
-    run_entry(
+    run_here(
         "eval.py",
         "model=none",
         f"dataset.root={root}",

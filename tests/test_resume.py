@@ -21,6 +21,7 @@ from tests.conftest import (
     run_dirs,
     run_entry,
 )
+from tests.in_process import run_here
 from tests.wandb_offline import offline_runs
 
 # One xdist worker runs the module: its uninterrupted runs (a module fixture) are made once,
@@ -46,7 +47,7 @@ def uninterrupted(small_root: Path, tmp_path_factory: pytest.TempPathFactory):
 
     def launch(loader: str, cwd: Path) -> None:
         common = [f"dataset.root={small_root}", f"loader={loader}", *RECIPE]
-        run_entry("train.py", *common, *loader_folder_overrides(loader, cwd), cwd=cwd)
+        run_here("train.py", *common, *loader_folder_overrides(loader, cwd), cwd=cwd)
 
     return reference_checkpoints(tmp_path_factory, launch)
 
@@ -64,10 +65,10 @@ def test_resume_ends_where_an_uninterrupted_run_would(
     part, rest = (tmp_path / name for name in ("part", "rest"))
     for folder in (part, rest):
         folder.mkdir()
-    run_entry("train.py", *common, "train.stop_after_epochs=2", cwd=part)
+    run_here("train.py", *common, "train.stop_after_epochs=2", cwd=part)
     (part_dir,) = run_dirs(part, "train")
     assert torch.load(part_dir / "checkpoint.pt", weights_only=True)["epoch"] == 2
-    run_entry(
+    run_here(
         "train.py",
         *common,
         "train.resume=true",

@@ -27,10 +27,10 @@ from tests.conftest import (
     finish,
     folder_index,
     loader_folder_overrides,
-    run_entry,
     start_torchrun,
     torchrun,
 )
+from tests.in_process import run_here
 
 pytestmark = pytest.mark.slow
 
@@ -90,12 +90,13 @@ def steps_taken(root: Path) -> int:
     return sum(any(i not in bad for i in batch.tolist()) for order in orders for batch in order)
 
 
-def train_run(*overrides: str, run_dir: Path, preempt: bool) -> subprocess.CompletedProcess:
+def train_run(*overrides: str, run_dir: Path, preempt: bool) -> subprocess.CompletedProcess | None:
     """train.py, or (``preempt``) train.py that sends itself SIGUSR2 at its first skipped
     file (tests/preempt_on_skip.py): it stops at the next step with a checkpoint."""
     args = [*overrides, f"hydra.run.dir={run_dir}"]
     if not preempt:
-        return run_entry("train.py", *args, cwd=run_dir.parent)
+        run_here("train.py", *args, cwd=run_dir.parent)
+        return None
     proc = subprocess.run(
         [sys.executable, str(REPO / "tests" / "preempt_on_skip.py"), *args],
         cwd=run_dir.parent,
@@ -134,7 +135,7 @@ def test_a_resume_after_an_all_unreadable_batch_trains_no_batch_twice(
     assert (stopped["epoch"], stopped["batches"]) == (0, BAD_BATCH + 1)
     assert stopped["ranks"][0]["position"] == BAD_BATCH + 2
 
-    run_entry("train.py", *common, f"hydra.run.dir={run_dir}", cwd=run_dir.parent)  # requeued
+    run_here("train.py", *common, f"hydra.run.dir={run_dir}", cwd=run_dir.parent)  # requeued
     resumed = torch.load(run_dir / "checkpoint.pt", weights_only=True)
     assert resumed["epoch"] == expected["epoch"] == 2
     # Epoch 1 took 5 steps (its 6 batches but the unreadable one), and so did the resumed

@@ -41,8 +41,9 @@ from loaderbench.run._resume_rules import (
 )
 from loaderbench.run._validation import ConfigError, validate_config
 from loaderbench.run.session import evict_page_cache, prepare_page_cache
-from tests.conftest import folder_index, loader_folders, run_entry, single_run
+from tests.conftest import folder_index, loader_folders, single_run
 from tests.helpers import compose_cfg
+from tests.in_process import run_here
 
 # ---------------------------------------------------------------------------------------------
 # Validation returns the whole run, typed.
@@ -209,7 +210,7 @@ def test_the_chosen_worker_count_is_written_into_the_run_config(
     """A real train.py run with ``loader.num_workers=auto``: the run's one config object holds
     the count the probe chose (``run_config.json``, written from it), the one metrics.json
     reports, and the device ``device=auto`` resolved to; Hydra's record keeps what was asked."""
-    run_entry(
+    run_here(
         "train.py",
         "model=none",
         f"dataset.root={tiny_root}",

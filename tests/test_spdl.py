@@ -21,7 +21,8 @@ from loaderbench.imaging.transforms import pil_val_transform
 from loaderbench.loaders import LoaderSpec, build_loader
 from loaderbench.loaders.spdl.loader import SpdlLoader, epoch_samples
 from loaderbench.platform.buffers import BatchBuffers
-from tests.conftest import cpu_spec, folder_index, read_metrics, run_dirs, run_entry, single_run
+from tests.conftest import cpu_spec, folder_index, read_metrics, run_dirs, single_run
+from tests.in_process import run_here
 
 # torchvision 0.29 deprecates its codecs (the decoders filter it; pytest resets the filters).
 pytestmark = pytest.mark.filterwarnings(
@@ -479,7 +480,7 @@ def test_train_py_trains_end_to_end_with_spdl(small_root: Path, tmp_path: Path) 
     common = [f"dataset.root={small_root}", "device=cpu", "logger=none"]
     train = tmp_path / "train"
     train.mkdir()
-    run_entry(
+    run_here(
         "train.py",
         *common,
         "loader=spdl",
@@ -497,7 +498,7 @@ def test_train_py_trains_end_to_end_with_spdl(small_root: Path, tmp_path: Path) 
     evaluate = tmp_path / "eval"
     evaluate.mkdir()
     checkpoint = f"checkpoint={run_dir / 'checkpoint.pt'}"
-    run_entry("eval.py", "--multirun", *common, checkpoint, "loader=spdl,torchvision", cwd=evaluate)
+    run_here("eval.py", "--multirun", *common, checkpoint, "loader=spdl,torchvision", cwd=evaluate)
     top1 = {read_metrics(d)["loader"]: read_metrics(d)["top1"] for d in run_dirs(evaluate, "eval")}
     assert top1["spdl"] == metrics["top1"], (top1, metrics["top1"])
     assert abs(top1["torchvision"] - metrics["top1"]) <= 1 / 40 + 1e-9, (top1, metrics["top1"])

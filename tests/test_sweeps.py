@@ -14,6 +14,7 @@ from loaderbench.data.synthetic import SyntheticSpec, ensure_synthetic
 from loaderbench.run.sweeps import collect_rows, write_summary
 from tests.conftest import run_entry, shared_data_dir
 from tests.helpers import compose_cfg
+from tests.in_process import run_here
 from tests.markdown_rows import unpadded
 from tests.wandb_offline import offline_runs
 
@@ -121,7 +122,7 @@ def test_the_contracts_train_sweep_names_the_worker_count_to_use(
 ) -> None:
     """``train.py --multirun loader.num_workers=8,16,32`` on the default data (2 epochs of the
     default recipe): a rate and ceiling_frac a job, and the count to use named."""
-    run_entry(
+    run_here(
         "train.py",
         "--multirun",
         "loader.num_workers=8,16,32",
@@ -149,7 +150,7 @@ def test_a_worker_sweep_over_a_300_image_folder_rates_every_loader(
 ) -> None:
     """``loader.num_workers=1,2`` over a folder of 300 images, every loader: every job has a
     rate, and each loader gets its count to use."""
-    run_entry(
+    run_here(
         "eval.py",
         "--multirun",
         "model=none",
