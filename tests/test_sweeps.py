@@ -117,6 +117,8 @@ def test_the_contracts_eval_sweep_rates_and_ranks_every_job_on_the_default_data(
 
 
 @pytest.mark.slow
+# The contract's counts are more workers than 2 cores, on purpose: torch's warning says so.
+@pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")
 def test_the_contracts_train_sweep_names_the_worker_count_to_use(
     default_root: Path, tmp_path: Path
 ) -> None:
