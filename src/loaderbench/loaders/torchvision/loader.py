@@ -13,6 +13,7 @@ an image, and no worker (nor the main process, with ``num_workers=0``) touches t
 from __future__ import annotations
 
 import signal
+import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -188,22 +189,45 @@ class TorchvisionLoader(Loader):
                 self.position += 1
                 if len(batch.labels):
                     yield to_device(batch, self.spec.device, non_blocking)
-        except RuntimeError as error:
-            dead = self._dead_workers()
-            timed_out = str(error).startswith("DataLoader timed out after")
-            if not dead and self.dataloader.timeout > 0 and timed_out:  # none died
-                timeout = self.dataloader.timeout
-                raise TimeoutError(
-                    f"torchvision loader: no batch for loader.timeout_s={timeout:g} s in epoch "
-                    f"{self.epoch} from {self.dataloader.num_workers} worker processes, none of "
-                    "them dead; is the file system stuck, or a worker deadlocked?"
-                ) from error
-            if not dead:
-                raise
-            raise RuntimeError(
-                f"torchvision loader: {dead} in epoch {self.epoch} ({error}); out of memory "
-                f"(see `dmesg`), or a crash in an image codec?"
-            ) from error
+        except (RuntimeError, OSError) as error:
+            # A worker that dies while its batch is in transfer shows first as an OSError
+            # (ConnectionResetError, receiving the batch's shared memory), and torch's SIGCHLD
+            # handler raises its own RuntimeError whenever Python runs it: in the middle of
+            # this handler too. Looked at again until it is said once, naming the worker.
+            for _ in range(3):
+                try:
+                    explained = self._explained(error)
+                    break
+                except RuntimeError as late:  # torch's handler, run while this looked
+                    error = late
+            else:
+                explained = None
+            if explained is None:
+                raise error
+            raise explained from error
+
+    def _explained(self, error: Exception) -> Exception | None:
+        """The error to raise for the loop's ``error``: a dead worker named, or a timeout
+        without one; None where it is neither (raised as it is)."""
+        dead = self._dead_workers()
+        if not dead and isinstance(error, OSError):  # its death is seen a moment later
+            deadline = time.monotonic() + 1.0
+            while not (dead := self._dead_workers()) and time.monotonic() < deadline:
+                time.sleep(0.01)
+        timed_out = str(error).startswith("DataLoader timed out after")
+        if not dead and self.dataloader.timeout > 0 and timed_out:  # none died
+            timeout = self.dataloader.timeout
+            return TimeoutError(
+                f"torchvision loader: no batch for loader.timeout_s={timeout:g} s in epoch "
+                f"{self.epoch} from {self.dataloader.num_workers} worker processes, none of "
+                "them dead; is the file system stuck, or a worker deadlocked?"
+            )
+        if not dead:
+            return None
+        return RuntimeError(
+            f"torchvision loader: {dead} in epoch {self.epoch} ({error}); out of memory "
+            f"(see `dmesg`), or a crash in an image codec?"
+        )
 
     def _account(self, failed: list[tuple[int, str]]) -> None:
         for index, error in failed:
