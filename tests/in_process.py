@@ -58,7 +58,8 @@ def _process_state_kept() -> Iterator[None]:
         for handler in root.handlers:
             if handler not in root_state[0]:
                 handler.close()
-        root.handlers[:], _ = root_state[0], root.setLevel(root_state[1])
+        root.handlers[:] = root_state[0]
+        root.setLevel(root_state[1])
         for name, level in levels.items():
             logging.getLogger(name).setLevel(level)
 
